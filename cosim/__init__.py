@@ -1,0 +1,1 @@
+"""dnnfab.cosim"""

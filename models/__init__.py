@@ -1,0 +1,1 @@
+"""dnnfab.models"""
