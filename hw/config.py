@@ -47,9 +47,10 @@ class AcceleratorConfig:
         AXI ID width (the ports carry IDs: cocotbext-axi needs them).
     max_burst:
         Longest AXI INCR burst the DMA issues, in beats (1..256).
-    act_kib, wgt_kib, acc_kib, out_kib:
-        Scratchpad sizes in KiB: activations, weights, int32 accumulators, int8 results.
-        Each is split in two halves (ping-pong) by the compiler.
+    act_kib, wgt_kib, acc_kib, out_kib, aux_kib:
+        Scratchpad sizes in KiB: activations, weights, int32 accumulators, int8 results,
+        per-channel bias/requantization parameters. The compiler double-buffers them
+        (ping-pong halves or a ring of slots ordered by dependency tokens).
     clock_mhz:
         Target clock, used by constraints and the metric model.
     """
@@ -67,7 +68,8 @@ class AcceleratorConfig:
     act_kib: int = 64
     wgt_kib: int = 64
     acc_kib: int = 64
-    out_kib: int = 16
+    out_kib: int = 32
+    aux_kib: int = 4
     clock_mhz: float = 100.0
 
     def __post_init__(self):
@@ -91,14 +93,19 @@ class AcceleratorConfig:
         need_int("addr_bits", 16, 64)
         need_int("id_bits", 1, 16)
         need_int("max_burst", 1, 256)
-        for name in ("act_kib", "wgt_kib", "acc_kib", "out_kib"):
+        for name in ("act_kib", "wgt_kib", "acc_kib", "out_kib", "aux_kib"):
             need_int(name, 1, 1 << 16)
         if self.dataflow not in DATAFLOWS:
             why = _PLANNED_DATAFLOWS.get(self.dataflow, "unknown dataflow")
             raise ConfigError(f"dataflow={self.dataflow!r}: {why}; use one of {', '.join(DATAFLOWS)}")
-        if self.bus_bits not in (32, 64, 128, 256, 512):
-            raise ConfigError(f"bus_bits={self.bus_bits} is not an AXI width this DMA supports; "
-                              f"use 64, 128, 256 or 512")
+        if self.bus_bits not in (64, 128, 256):
+            raise ConfigError(f"bus_bits={self.bus_bits} is not a bus width the accelerator supports; "
+                              f"use 64, 128 or 256")
+        for name in ("rows", "cols"):
+            v = getattr(self, name)
+            if v & (v - 1):
+                raise ConfigError(f"{name}={v} is not a power of two; scratchpad lanes need one "
+                                  f"(use e.g. {1 << (v.bit_length() - 1)} or {1 << v.bit_length()})")
         need = self.min_acc_bits
         if self.acc_bits < need:
             raise ConfigError(
@@ -107,7 +114,8 @@ class AcceleratorConfig:
         if not (self.clock_mhz > 0):
             raise ConfigError(f"clock_mhz={self.clock_mhz} must be positive")
         for name, width in (("act_kib", self.act_row_bits), ("wgt_kib", self.wgt_row_bits),
-                            ("acc_kib", self.acc_row_bits), ("out_kib", self.out_row_bits)):
+                            ("acc_kib", self.acc_row_bits), ("out_kib", self.out_row_bits),
+                            ("aux_kib", self.aux_row_bits)):
             if self.sp_depth(name) < 4:
                 raise ConfigError(f"{name}={getattr(self, name)} holds fewer than 4 rows of "
                                   f"{width} bits; make it larger")
@@ -140,10 +148,15 @@ class AcceleratorConfig:
     def out_row_bits(self):
         return max(self.cols * self.input_bits, self.bus_bits)
 
+    @property
+    def aux_row_bits(self):
+        return max(self.cols * 64, self.bus_bits)
+
     def sp_depth(self, name):
         """Depth (rows) of scratchpad ``name`` (``act_kib``, ``wgt_kib``, ...)."""
         width = {"act_kib": self.act_row_bits, "wgt_kib": self.wgt_row_bits,
-                 "acc_kib": self.acc_row_bits, "out_kib": self.out_row_bits}[name]
+                 "acc_kib": self.acc_row_bits, "out_kib": self.out_row_bits,
+                 "aux_kib": self.aux_row_bits}[name]
         return (getattr(self, name) * 1024 * 8) // width
 
     @property
@@ -182,7 +195,8 @@ def _lcm(*xs):
 
 #: Named starting points (``dnnfab generate --preset NAME``).
 PRESETS = {
-    "tiny": AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8, out_kib=4),
+    "tiny": AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8, out_kib=4,
+                              aux_kib=1),
     "small": AcceleratorConfig(rows=8, cols=8, bus_bits=64, act_kib=32, wgt_kib=32, acc_kib=32, out_kib=8),
     "default": AcceleratorConfig(),
     "large": AcceleratorConfig(rows=16, cols=16, bus_bits=128, act_kib=128, wgt_kib=128,

@@ -196,7 +196,7 @@ def _spike_wave(rng, t, e):
     chirp = rng.uniform(-0.4, 0.0)                # rate slows down over the second
     onset = rng.uniform(-0.5, 0.55)               # s; < 0 means started before the window
     ramp = rng.uniform(0.05, 0.3)                 # s to full amplitude
-    amp = rng.uniform(100.0, 400.0)               # uV at the focus
+    amp = rng.uniform(150.0, 450.0)               # uV at the focus
     spread = rng.uniform(0.25, 1.6)               # field sigma: focal ... generalized
     focus = rng.integers(e)
     w_spike = rng.uniform(0.006, 0.015)           # s, spike sigma (20-70 ms spikes)
@@ -246,7 +246,7 @@ def eeg_windows(n, seed, *, seizure_fraction=0.5, return_meta=False):
       windows), diffuse drowsy theta 4-7 Hz (25 %), frontal beta (50 %);
     * artifacts: eye blinks (frontal, 80-250 uV, 30 %), temporal muscle bursts (15 %),
       electrode pops (5 %), 60 Hz mains (30 %);
-    * seizures: rhythmic spike-and-wave at 2.5-3.6 Hz slowing slightly, 100-400 uV at a
+    * seizures: rhythmic spike-and-wave at 2.5-3.6 Hz slowing slightly, 150-450 uV at a
       random focus electrode, Gaussian field of sigma 0.25 (focal) to 1.6 (generalized)
       head radii with per-electrode jitter and propagation lag, onset from 0.5 s before
       the window to 0.55 s into it (at least ~1.5 discharges visible) with a 50-300 ms

@@ -369,7 +369,8 @@ class _Importer:
         if ho <= 0 or wo <= 0:
             raise ModelError(f"node {name!r}: Conv output would be empty; check the input size")
         shape = (xs[0], cout, wo) if len(xs) == 3 else (xs[0], cout, ho, wo)
-        attrs = dict(stride=stride, pads=pads, dilation=dil, groups=groups, act=None)
+        attrs = dict(stride=stride, pads=pads, dilation=dil, groups=groups, act=None,
+                     rank=len(xs) - 2)
         wq = self.qinfo.get(self.src(node.input[1]))
         if wq is not None:
             attrs["weight_qinfo"] = wq

@@ -97,7 +97,7 @@ class Layer:
         a = self.attrs
         if self.op == "conv":
             kh, kw = self.params["weight"].shape[2:]
-            s = f"conv{kh}x{kw}" if kh > 1 else f"conv1d{kw}"
+            s = f"conv1d{kw}" if a.get("rank") == 1 else f"conv{kh}x{kw}"
             if a["stride"] != (1, 1):
                 s += f"/{max(a['stride'])}"
             if a["groups"] > 1:
@@ -322,13 +322,14 @@ def conv_nhwc(xp, w, stride, dilation, groups, ho, wo, matmul):
     win = windows_nhwc(xp, kh, kw, stride, dilation, ho, wo)
     m = n * ho * wo
     if groups == 1:
-        cols = win.reshape(m, kh * kw * cin)
-        wm = w.transpose(2, 3, 1, 0).reshape(kh * kw * cin, cout)
+        cols = np.ascontiguousarray(win).reshape(m, kh * kw * cin)
+        wm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cin, cout))
         return matmul(cols, wm).reshape(n, ho, wo, cout)
     out = []
     for g in range(groups):
-        cols = win[..., g * cig:(g + 1) * cig].reshape(m, kh * kw * cig)
-        wg = w[g * cog:(g + 1) * cog].transpose(2, 3, 1, 0).reshape(kh * kw * cig, cog)
+        cols = np.ascontiguousarray(win[..., g * cig:(g + 1) * cig]).reshape(m, kh * kw * cig)
+        wg = np.ascontiguousarray(
+            w[g * cog:(g + 1) * cog].transpose(2, 3, 1, 0).reshape(kh * kw * cig, cog))
         out.append(matmul(cols, wg))
     return np.concatenate(out, axis=1).reshape(n, ho, wo, cout)
 

@@ -120,7 +120,7 @@ def random_tiles(rng, rows, cols, npx_list):
     return tiles
 
 
-@pytest.mark.parametrize("rows,cols", [(2, 2), (4, 4), (3, 5), (4, 8)])
+@pytest.mark.parametrize("rows,cols", [(2, 2), (4, 4), (8, 2), (4, 8)])
 def test_array_matches_numpy_and_cycle_model(rows, cols):
     rng = np.random.default_rng(rows * 31 + cols)
     npx_list = [40, 3, 17, 1, 25]

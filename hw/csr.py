@@ -1,0 +1,361 @@
+"""Register descriptions and an AXI4-Lite register bank generated from them.
+
+The description (:class:`Register`, :class:`Field`, :class:`RegisterMap`) is plain Python:
+the same object builds the hardware (:class:`CSRBank`), the JSON in the manifest
+(:meth:`RegisterMap.to_json`) and the C header (:func:`c_header`), so the driver and the
+hardware cannot disagree on an offset or a bit.
+
+Access kinds
+------------
+``"rw"``
+    Read/write storage. Hardware sees the value on the ``Out`` port ``<name>``.
+``"ro"``
+    Read-only, driven by hardware on the ``In`` port ``<name>``.
+``"const"``
+    Read-only constant (the register's ``reset`` value); no port. Used for ID, VERSION and
+    the CONFIG words.
+``"w1c"``
+    Event bits: hardware sets bits with the ``In`` port ``<name>_set`` (a bit high for one
+    cycle sets it), software writes 1 to clear. A set and a clear of the same bit in the
+    same cycle leave it set (no event is lost). The value is on the ``Out`` port ``<name>``.
+``"pulse"``
+    Write-only strobes: a write drives the written bits on the ``Out`` port ``<name>`` for
+    exactly one cycle; reading returns 0.
+
+64-bit counters are two ``"ro"`` registers ``X_LO`` and ``X_HI``; ``X_LO`` carries
+``latch="X_HI"``: reading ``X_LO`` captures ``X_HI``'s input in a shadow register and
+reading ``X_HI`` returns that shadow. Read LO first, then HI, for a consistent 64-bit value
+(a lone HI read returns the value captured at the last LO read).
+
+Port names are the register names in lower case (``CTRL`` -> ``bank.ctrl``); use
+:meth:`CSRBank.port` to look one up by register name.
+"""
+
+from dataclasses import dataclass, field
+import json
+import re
+
+from amaranth.hdl import Signal, Module, Const
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import axi4lite_signature, RESP_OKAY
+from ..errors import ConfigError
+
+__all__ = ["Field", "Register", "RegisterMap", "CSRBank", "c_header", "ACCESS_KINDS"]
+
+ACCESS_KINDS = ("ro", "rw", "w1c", "pulse", "const")
+_NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Field:
+    """A bit field ``[lsb + width - 1 : lsb]`` of a register."""
+    name: str
+    lsb: int
+    width: int = 1
+    doc: str = ""
+
+    @property
+    def mask(self):
+        return ((1 << self.width) - 1) << self.lsb
+
+    def to_dict(self):
+        return {"name": self.name, "lsb": self.lsb, "width": self.width, "doc": self.doc}
+
+
+@dataclass(frozen=True)
+class Register:
+    """One 32-bit word of the register map (``width`` <= 32 low bits are implemented)."""
+    name: str
+    offset: int
+    access: str
+    width: int = 32
+    reset: int = 0
+    fields: tuple = ()
+    doc: str = ""
+    #: For a ``X_LO`` counter half: name of the ``X_HI`` register latched when this is read.
+    latch: str | None = None
+
+    def __post_init__(self):
+        if not _NAME_RE.match(self.name):
+            raise ConfigError(f"register name {self.name!r} must be UPPER_CASE (letters, digits, _)")
+        if self.access not in ACCESS_KINDS:
+            raise ConfigError(f"register {self.name}: access {self.access!r} is not one of "
+                              f"{', '.join(ACCESS_KINDS)}")
+        if self.offset % 4:
+            raise ConfigError(f"register {self.name}: offset {self.offset:#x} is not word aligned")
+        if not 1 <= self.width <= 32:
+            raise ConfigError(f"register {self.name}: width {self.width} is not in [1, 32]")
+        if not 0 <= self.reset < (1 << self.width):
+            raise ConfigError(f"register {self.name}: reset {self.reset:#x} does not fit {self.width} bits")
+        used = 0
+        for f in self.fields:
+            if f.lsb < 0 or f.width < 1 or f.lsb + f.width > self.width:
+                raise ConfigError(f"register {self.name}: field {f.name} [{f.lsb + f.width - 1}:{f.lsb}] "
+                                  f"is outside the register's {self.width} bits")
+            if used & f.mask:
+                raise ConfigError(f"register {self.name}: field {f.name} overlaps another field")
+            used |= f.mask
+
+    @property
+    def port_name(self):
+        return self.name.lower()
+
+    def to_dict(self):
+        d = {"name": self.name, "offset": self.offset, "access": self.access, "width": self.width,
+             "reset": self.reset, "doc": self.doc, "fields": [f.to_dict() for f in self.fields]}
+        if self.latch:
+            d["latch"] = self.latch
+        return d
+
+
+class RegisterMap:
+    """An ordered, validated set of registers plus named constant groups.
+
+    ``constants`` maps a group name to ``{NAME: value}`` (e.g. ``{"ERR": {"NONE": 0, ...}}``);
+    the C header emits them as ``DNNFAB_<GROUP>_<NAME>``.
+    """
+
+    def __init__(self, registers, name="regs", constants=None):
+        self.name = name
+        self.registers = tuple(sorted(registers, key=lambda r: r.offset))
+        self.constants = {g: dict(v) for g, v in (constants or {}).items()}
+        seen_names, seen_offsets = set(), {}
+        for r in self.registers:
+            if r.name in seen_names:
+                raise ConfigError(f"register map {name}: register {r.name} defined twice")
+            if r.offset in seen_offsets:
+                raise ConfigError(f"register map {name}: {r.name} and {seen_offsets[r.offset]} share "
+                                  f"offset {r.offset:#x}")
+            seen_names.add(r.name)
+            seen_offsets[r.offset] = r.name
+        for r in self.registers:
+            if r.latch is not None:
+                hi = self.get(r.latch)
+                if hi is None or r.access != "ro" or hi.access != "ro":
+                    raise ConfigError(f"register {r.name}: latch target {r.latch!r} must be an 'ro' "
+                                      f"register of this map, and {r.name} 'ro' itself")
+
+    def __iter__(self):
+        return iter(self.registers)
+
+    def __len__(self):
+        return len(self.registers)
+
+    def __getitem__(self, name):
+        reg = self.get(name)
+        if reg is None:
+            raise KeyError(name)
+        return reg
+
+    def get(self, name):
+        for r in self.registers:
+            if r.name == name:
+                return r
+        return None
+
+    @property
+    def size(self):
+        """Bytes spanned by the map (last offset + 4)."""
+        return (self.registers[-1].offset + 4) if self.registers else 0
+
+    def to_dict(self):
+        return {"name": self.name, "word_bytes": 4,
+                "registers": [r.to_dict() for r in self.registers],
+                "constants": self.constants}
+
+    def to_json(self):
+        """JSON-serialisable dict (the manifest embeds it as ``regmap``)."""
+        return json.loads(json.dumps(self.to_dict()))
+
+
+def _c_ident(s):
+    return re.sub(r"[^A-Za-z0-9_]", "_", str(s)).upper()
+
+
+def c_header(regmap: RegisterMap, cfg=None, prefix="DNNFAB"):
+    """C header text: offsets, field shifts/masks, constants and the accelerator config."""
+    ident = _c_ident(regmap.name)
+    guard = f"{ident}_H" if ident.startswith(prefix + "_") else f"{prefix}_{ident}_H"
+    out = [f"/* Generated by dnnfab: register map '{regmap.name}'. Do not edit. */",
+           f"#ifndef {guard}", f"#define {guard}", ""]
+    if cfg is not None:
+        out.append(f"#define {prefix}_CONFIG_HASH \"{cfg.config_hash()}\"")
+        items = dict(cfg.to_dict())
+        items["bus_bytes"] = cfg.bus_bytes
+        for name in ("act_kib", "wgt_kib", "acc_kib", "out_kib"):
+            items[name.replace("_kib", "_depth")] = cfg.sp_depth(name)
+        for k, v in items.items():
+            if isinstance(v, bool):
+                v = int(v)
+            if isinstance(v, str):
+                val = f"\"{v}\""
+            elif isinstance(v, float):
+                val = repr(v)
+            else:
+                val = f"{v}u" if v >= 0 else str(v)
+            out.append(f"#define {prefix}_CFG_{_c_ident(k)} {val}")
+        out.append("")
+    out.append(f"#define {prefix}_REGS_SIZE 0x{regmap.size:03X}u")
+    for r in regmap:
+        base = f"{prefix}_{_c_ident(r.name)}"
+        out.append("")
+        if r.doc:
+            out.append(f"/* {r.name} ({r.access}): {r.doc.replace('*/', '* /')} */")
+        out.append(f"#define {base}_OFFSET 0x{r.offset:03X}u")
+        if r.access == "const" or r.reset:
+            out.append(f"#define {base}_RESET 0x{r.reset:08X}u")
+        for f in r.fields:
+            fb = f"{base}_{_c_ident(f.name)}"
+            out.append(f"#define {fb}_SHIFT {f.lsb}u")
+            out.append(f"#define {fb}_MASK 0x{f.mask:08X}u")
+    for group, consts in regmap.constants.items():
+        out.append("")
+        for name, value in consts.items():
+            out.append(f"#define {prefix}_{_c_ident(group)}_{_c_ident(name)} {int(value)}u")
+    out += ["", f"#endif /* {guard} */", ""]
+    return "\n".join(out)
+
+
+class CSRBank(wiring.Component):
+    """AXI4-Lite slave register bank built from a :class:`RegisterMap`.
+
+    One transaction at a time per direction; a read and a write may proceed together.
+    Write: ``awready``/``wready`` are high while the bank has room for the address / the
+    data; the two may arrive in either order or the same cycle; once both are held the
+    write is applied (respecting ``wstrb``) and ``bvalid`` rises the next cycle.
+    Read: ``arready`` is high while no read response is pending; ``rvalid`` rises the
+    cycle after the address handshake, with the data captured at the handshake.
+    Responses are always OKAY. An unmapped address reads as 0 and ignores writes (OKAY):
+    drivers check ``ID`` once rather than every access. Bits ``[1:0]`` of the address are
+    ignored; decoding uses ``addr_bits``, so the map aliases every ``2**addr_bits`` bytes.
+
+    Parameters
+    ----------
+    regmap : RegisterMap
+    addr_bits : int
+        Width of ``awaddr``/``araddr`` (default 12: a 4 KiB window).
+
+    Members
+    -------
+    bus : ``In(axi4lite_signature(addr_bits, 32))``
+        The AXI4-Lite slave port.
+    <name> : ``Out(width)`` for "rw", "w1c", "pulse"; ``In(width)`` for "ro"
+        One port per register (lower-case name); none for "const". See the module
+        docstring for the behaviour of each kind.
+    <name>_set : ``In(width)``
+        Hardware set bits of each "w1c" register.
+    """
+
+    def __init__(self, regmap: RegisterMap, addr_bits=12):
+        if regmap.size > (1 << addr_bits):
+            raise ConfigError(f"register map {regmap.name} spans {regmap.size} bytes; "
+                              f"addr_bits={addr_bits} only decodes {1 << addr_bits}")
+        self.regmap = regmap
+        self.addr_bits = addr_bits
+        members = {"bus": In(axi4lite_signature(addr_bits, 32))}
+        for r in regmap:
+            if r.access in ("rw", "w1c", "pulse"):
+                members[r.port_name] = Out(r.width, init=r.reset if r.access != "pulse" else 0)
+            elif r.access == "ro":
+                members[r.port_name] = In(r.width)
+            if r.access == "w1c":
+                members[r.port_name + "_set"] = In(r.width)
+        for name in members:
+            if name != "bus" and name in {"signature", "elaborate", "port", "regmap", "addr_bits"}:
+                raise ConfigError(f"register name {name.upper()} clashes with a CSRBank attribute")
+        super().__init__(members)
+
+    def port(self, name):
+        """The port of register ``name`` (any case)."""
+        return getattr(self, name.lower())
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        word = lambda addr: addr[2:self.addr_bits]  # noqa: E731
+
+        # -- write channel ------------------------------------------------------------
+        aw_full = Signal()
+        aw_addr = Signal(self.addr_bits)
+        w_full = Signal()
+        w_data = Signal(32)
+        w_strb = Signal(4)
+        m.d.comb += [
+            bus.awready.eq(~aw_full),
+            bus.wready.eq(~w_full),
+            bus.bresp.eq(RESP_OKAY),
+            bus.rresp.eq(RESP_OKAY),
+        ]
+        with m.If(bus.awvalid & bus.awready):
+            m.d.sync += [aw_full.eq(1), aw_addr.eq(bus.awaddr)]
+        with m.If(bus.wvalid & bus.wready):
+            m.d.sync += [w_full.eq(1), w_data.eq(bus.wdata), w_strb.eq(bus.wstrb)]
+        do_write = Signal()
+        m.d.comb += do_write.eq(aw_full & w_full & ~bus.bvalid)
+        with m.If(do_write):
+            m.d.sync += [aw_full.eq(0), w_full.eq(0), bus.bvalid.eq(1)]
+        with m.If(bus.bvalid & bus.bready):
+            m.d.sync += bus.bvalid.eq(0)
+        bytemask = Signal(32)
+        m.d.comb += bytemask.eq(Const(0, 32))
+        for i in range(4):
+            m.d.comb += bytemask[8 * i:8 * i + 8].eq(w_strb[i].replicate(8))
+
+        # -- read channel -------------------------------------------------------------
+        m.d.comb += bus.arready.eq(~bus.rvalid)
+        do_read = Signal()
+        m.d.comb += do_read.eq(bus.arvalid & bus.arready)
+        with m.If(do_read):
+            m.d.sync += bus.rvalid.eq(1)
+        with m.If(bus.rvalid & bus.rready):
+            m.d.sync += bus.rvalid.eq(0)
+
+        shadows = {}
+        for r in self.regmap:
+            if r.latch:
+                shadows[r.latch] = Signal(self.regmap[r.latch].width, name=f"{r.latch.lower()}_shadow")
+
+        with m.If(do_read):
+            m.d.sync += bus.rdata.eq(0)
+            with m.Switch(word(bus.araddr)):
+                for r in self.regmap:
+                    with m.Case(r.offset >> 2):
+                        if r.access == "const":
+                            m.d.sync += bus.rdata.eq(r.reset)
+                        elif r.access == "pulse":
+                            pass
+                        elif r.name in shadows:
+                            m.d.sync += bus.rdata.eq(shadows[r.name])
+                        else:
+                            m.d.sync += bus.rdata.eq(self.port(r.name))
+                        if r.latch:
+                            m.d.sync += shadows[r.latch].eq(self.port(r.latch))
+
+        # -- register storage -------------------------------------------------------
+        hit = {}
+        for r in self.regmap:
+            h = Signal(name=f"wr_{r.port_name}")
+            m.d.comb += h.eq(do_write & (word(aw_addr) == (r.offset >> 2)))
+            hit[r.name] = h
+            mask = bytemask[:r.width]
+            wdat = w_data[:r.width]
+            if r.access == "rw":
+                reg = self.port(r.name)
+                with m.If(h):
+                    m.d.sync += reg.eq((reg & ~mask) | (wdat & mask))
+            elif r.access == "w1c":
+                reg = self.port(r.name)
+                setp = getattr(self, r.port_name + "_set")
+                clr = Signal(r.width, name=f"{r.port_name}_clr")
+                m.d.comb += clr.eq(Const(0, r.width))
+                with m.If(h):
+                    m.d.comb += clr.eq(wdat & mask)
+                m.d.sync += reg.eq((reg & ~clr) | setp)
+            elif r.access == "pulse":
+                reg = self.port(r.name)
+                m.d.sync += reg.eq(0)
+                with m.If(h):
+                    m.d.sync += reg.eq(wdat & mask)
+        return m

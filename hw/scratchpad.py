@@ -1,0 +1,107 @@
+"""On-chip scratchpad with a write port and a read port of different unit widths.
+
+The DMA moves whole bus beats; the datapath reads or writes *elements* (one array row of
+R activations, C weights, C int8 results, ...). A scratchpad stores rows of
+``max(write_bits, read_bits)`` bits in an :class:`amaranth.lib.memory.Memory` and maps
+each side's addresses onto rows and lanes:
+
+* the narrower side addresses lanes: ``row = addr >> log2(k)``, ``lane = addr & (k-1)``
+  with ``k = row_bits // unit_bits``; narrow writes use the memory's write granularity,
+  narrow reads select their lane one cycle later (reads are synchronous);
+* an enabled access whose address is beyond the end raises ``oob`` for one cycle and is
+  dropped (the controller turns it into error code 4).
+
+Ping-pong (double) buffering is done by the compiler: it places consecutive tiles in the
+two halves and orders them with dependency tokens.
+"""
+
+from amaranth.hdl import Signal, Module, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.lib.memory import Memory
+
+__all__ = ["Scratchpad"]
+
+
+def _log2(x):
+    assert x & (x - 1) == 0, x
+    return x.bit_length() - 1
+
+
+class Scratchpad(wiring.Component):
+    """Memory with a ``w_unit``-bit write port and an ``r_unit``-bit read port.
+
+    Parameters
+    ----------
+    size_bytes : int
+        Capacity.
+    w_unit, r_unit : int
+        Width of one write / read unit in bits (powers of two times each other).
+    addr_bits : int
+        Width of the address inputs.
+
+    Members
+    -------
+    w_en, w_addr, w_data : ``In``
+        Write ``w_data`` to unit ``w_addr`` when ``w_en``.
+    r_en, r_addr : ``In``
+        Read unit ``r_addr``; ...
+    r_data : ``Out(r_unit)``
+        ... valid the cycle after ``r_en``. Holds its value otherwise.
+    oob : ``Out(1)``
+        An enabled access this cycle was out of range (and was dropped).
+    """
+
+    def __init__(self, size_bytes, w_unit, r_unit, addr_bits=16, transparent=False):
+        self.w_unit, self.r_unit = w_unit, r_unit
+        self.row_bits = max(w_unit, r_unit)
+        self.depth = (size_bytes * 8) // self.row_bits
+        self.w_k = self.row_bits // w_unit
+        self.r_k = self.row_bits // r_unit
+        self.w_units = self.depth * self.w_k
+        self.r_units = self.depth * self.r_k
+        self.transparent = transparent
+        super().__init__({
+            "w_en": In(1), "w_addr": In(addr_bits), "w_data": In(w_unit),
+            "r_en": In(1), "r_addr": In(addr_bits), "r_data": Out(r_unit),
+            "oob": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mem = mem = Memory(shape=unsigned(self.row_bits), depth=self.depth, init=[])
+        wp = mem.write_port(granularity=self.w_unit if self.w_k > 1 else None)
+        rp = mem.read_port(transparent_for=(wp,) if self.transparent else ())
+
+        w_ok = Signal()
+        r_ok = Signal()
+        m.d.comb += [
+            w_ok.eq(self.w_addr < self.w_units),
+            r_ok.eq(self.r_addr < self.r_units),
+            self.oob.eq((self.w_en & ~w_ok) | (self.r_en & ~r_ok)),
+        ]
+
+        # write side
+        if self.w_k == 1:
+            m.d.comb += [wp.addr.eq(self.w_addr), wp.data.eq(self.w_data),
+                         wp.en.eq(self.w_en & w_ok)]
+        else:
+            sh = _log2(self.w_k)
+            lane = self.w_addr[:sh]
+            m.d.comb += [wp.addr.eq(self.w_addr >> sh),
+                         wp.data.eq(self.w_data.replicate(self.w_k))]
+            for i in range(self.w_k):
+                m.d.comb += wp.en[i].eq(self.w_en & w_ok & (lane == i))
+
+        # read side
+        if self.r_k == 1:
+            m.d.comb += [rp.addr.eq(self.r_addr), rp.en.eq(self.r_en & r_ok),
+                         self.r_data.eq(rp.data)]
+        else:
+            sh = _log2(self.r_k)
+            lane_q = Signal(sh)
+            with m.If(self.r_en):
+                m.d.sync += lane_q.eq(self.r_addr[:sh])
+            m.d.comb += [rp.addr.eq(self.r_addr >> sh), rp.en.eq(self.r_en & r_ok),
+                         self.r_data.eq(rp.data.word_select(lane_q, self.r_unit))]
+        return m

@@ -1,0 +1,503 @@
+"""The integer reference network: executes a :class:`~dnnfab.sw.quantize.QuantizedGraph`
+exactly as the contract (DESIGN.md section 3) says. It is the golden model the fabric, the
+fast model and the CPU workers are compared against, bit for bit.
+
+Layout: the kernels take and return **channel-last** int8 arrays (NHWC; 1-D layers use
+H = 1, i.e. [N, 1, L, C]) because im2col then copies contiguous channel runs and the
+per-channel requantize broadcasts over the last axis. The network executor keeps rank-3/4
+activations channel-last and converts to the logical (ONNX, channel-first) layout only for
+layout-sensitive ops (reshape, transpose, CPU float ops) and for the outputs.
+
+Two implementations of every arithmetic kernel:
+
+* fast (``qconv_int``, ``qgemm_int``, ``qavgpool_int``, ``qeltwise_int``, ...):
+  int8 x int8 products summed in float32 BLAS are exact while every partial sum stays
+  below 2^24, so K is cut into chunks of at most 1024 (1024 * 128 * 127 < 2^24) and the
+  chunks are added in int32. Large GEMMs go to onnxruntime ``MatMulInteger`` instead
+  (uint8 activations x int8 weights, exact int32, VNNI speed): the activations are
+  shifted by +128 (``x ^ 0x80`` on the bit pattern) and ``-128 * sum(w[c])`` is folded
+  into the bias. That path is used only when ``255 * sum|w[c]| < 2^31`` and is checked
+  bit-identical to the numpy path once per process (and by the tests).
+  Requantize runs in float64, which is exact here: ``acc * m`` < 2^46 and ``m * 2^-n`` is
+  a 15-bit mantissa, so ``floor(acc * (m 2^-n) + 1/2)`` equals ``(acc*m + 2^(n-1)) >> n``.
+* slow (``qconv_int_slow``, ``qgemm_int_slow``, ...): loops with int64 arithmetic and the
+  literal contract formula; used by the property tests to pin the fast path down.
+
+``set_engine("numpy" | "ort" | "auto")`` chooses the GEMM engine (default ``auto``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import DnnfabError
+from .ir import from_cl, pad_nhwc, run_float_layer, to_cl, windows_nhwc
+from .quantize import (QAvgPool, QClip, QConv, QEltwise, QFloat, QGemm, QLayout, QLut,
+                       QMaxPool, dequantize_tensor, quantize_tensor, requantize)
+
+K_CHUNK = 1024           # int8*int8 partial sums in float32 stay exact below 2^24
+ORT_MIN_MACS = 1 << 17   # smaller GEMMs are faster in numpy (session call overhead)
+_ENGINE = {"name": os.environ.get("DNNFAB_GEMM_ENGINE", "auto"), "ort_ok": None}
+
+
+def set_engine(name):
+    """Select the integer GEMM engine: 'numpy', 'ort' (onnxruntime MatMulInteger) or 'auto'
+    (ort for large layers when available). Returns the previous setting."""
+    if name not in ("numpy", "ort", "auto"):
+        raise ValueError("engine must be 'numpy', 'ort' or 'auto'")
+    old = _ENGINE["name"]
+    _ENGINE["name"] = name
+    return old
+
+
+def _threads():
+    return int(os.environ.get("DNNFAB_THREADS", min(2, os.cpu_count() or 1)))
+
+
+# ====================================================================== requantize
+def _mult64(m, n):
+    return np.asarray(m, np.float64) * np.exp2(-np.asarray(n, np.float64))
+
+
+def requantize_fast(acc, M64, zy, lo, hi, bias=None):
+    """Exact float64 form of the contract's requantize (see module docstring).
+
+    acc: integer-valued array (int32, or float32/float64 holding exact integers),
+    M64: m * 2**-n broadcastable to acc, bias: int32 added first (optional).
+    """
+    t = acc.astype(np.float64)
+    if bias is not None:
+        t += bias
+    t *= M64
+    t += 0.5
+    np.floor(t, out=t)
+    if zy:
+        t += zy
+    np.clip(t, lo, hi, out=t)
+    return t.astype(np.int8)
+
+
+# ====================================================================== int GEMM
+class _OrtMatMulInteger:
+    """Cached onnxruntime session computing uint8 [M, K] x int8 [K, N] -> int32."""
+
+    def __init__(self, w_kn):
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+        k, n = w_kn.shape
+        g = helper.make_graph(
+            [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "mmi",
+            [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", k])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, ["M", n])],
+            [numpy_helper.from_array(np.ascontiguousarray(w_kn), "w")])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = min(model.ir_version, 9)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = _threads()
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        self.sess = ort.InferenceSession(model.SerializeToString(), so,
+                                         providers=["CPUExecutionProvider"])
+
+    def __call__(self, a_u8):
+        return self.sess.run(None, {"a": a_u8})[0]
+
+
+def _ort_available():
+    if _ENGINE["ort_ok"] is None:
+        try:
+            rng = np.random.default_rng(1)
+            w = rng.integers(-127, 128, (300, 7)).astype(np.int8)
+            w[:, 0] = 127
+            w[:, 1] = -127
+            a = rng.integers(0, 256, (5, 300)).astype(np.uint8)
+            a[0] = 255
+            got = _OrtMatMulInteger(w)(a)
+            _ENGINE["ort_ok"] = bool(np.array_equal(got, a.astype(np.int64) @ w.astype(np.int64)))
+        except Exception:
+            _ENGINE["ort_ok"] = False
+    return _ENGINE["ort_ok"]
+
+
+class PreparedGemm:
+    """Weights of one GEMM ([K, N] int8) in the forms the engines want, cached per layer.
+
+    ``colsum`` = sum over K per output column (int64), used to fold the +128 shift.
+    ``ort_safe``: 255 * sum|w| < 2^31, i.e. the uint8 MatMulInteger cannot overflow.
+    """
+
+    def __init__(self, w_kn):
+        self.w = np.ascontiguousarray(w_kn, dtype=np.int8)
+        self.k, self.n = self.w.shape
+        self.wf = self.w.astype(np.float32)
+        self.colsum = self.w.astype(np.int64).sum(axis=0)
+        self.ort_safe = bool(255 * np.abs(self.w.astype(np.int64)).sum(axis=0).max(initial=0)
+                             < 2**31)
+        self._ort = None
+
+    def use_ort(self, m):
+        eng = _ENGINE["name"]
+        if eng == "numpy" or not self.ort_safe:
+            return False
+        if eng == "auto" and m * self.k * self.n < ORT_MIN_MACS:
+            return False
+        return _ort_available()
+
+    def ort(self):
+        if self._ort is None:
+            self._ort = _OrtMatMulInteger(self.w)
+        return self._ort
+
+    def matmul_f32(self, a_f32):
+        """Exact int GEMM via float32 BLAS with K chunks; returns float32 (K <= 1024) or
+        int32 exact integer sums."""
+        if self.k <= K_CHUNK:
+            return a_f32 @ self.wf
+        acc = None
+        for k0 in range(0, self.k, K_CHUNK):
+            part = (a_f32[:, k0:k0 + K_CHUNK] @ self.wf[k0:k0 + K_CHUNK]).astype(np.int32)
+            acc = part if acc is None else np.add(acc, part, out=acc)
+        return acc
+
+
+def int_matmul(a_i8, prep):
+    """Exact int8 [M, K] x int8 [K, N] -> integer accumulators (int32 or exact float32)."""
+    if prep.use_ort(a_i8.shape[0]):
+        a_u8 = a_i8.view(np.uint8) ^ np.uint8(0x80)
+        return prep.ort()(a_u8).astype(np.int64) - 128 * prep.colsum
+    return prep.matmul_f32(a_i8.astype(np.float32))
+
+
+# ====================================================================== conv
+def _conv_prep(L):
+    c = L.cache
+    if "prep" not in c:
+        cout, cig, kh, kw = L.qweight.shape
+        g = L.groups
+        cog = cout // g
+        depthwise = cig == 1 and g > 1 and cog == 1
+        c["depthwise"] = depthwise
+        c["M64"] = _mult64(L.m, L.n)
+        if depthwise:
+            c["wdw"] = np.ascontiguousarray(L.qweight[:, 0].transpose(1, 2, 0)).astype(np.float32)
+            c["exact_f32"] = kh * kw * 128 * 127 < 2**24
+        else:
+            c["groups"] = [PreparedGemm(
+                L.qweight[i * cog:(i + 1) * cog].transpose(2, 3, 1, 0).reshape(kh * kw * cig, cog))
+                for i in range(g)]
+        c["prep"] = True
+    return c
+
+
+def qconv_int(x, L):
+    """Integer convolution of the contract. x: int8 channel-last [N, H, W, Cin] (1-D: H=1);
+    L: :class:`~dnnfab.sw.quantize.QConv`. Returns int8 [N, Ho, Wo, Cout]."""
+    c = _conv_prep(L)
+    cout, cig, kh, kw = L.qweight.shape
+    n_, h, w, cin = x.shape
+    t, l, b, r = L.pad
+    ho = (h + t + b - (kh - 1) * L.dilation[0] - 1) // L.stride[0] + 1
+    wo = (w + l + r - (kw - 1) * L.dilation[1] - 1) // L.stride[1] + 1
+    if c["depthwise"]:
+        xp = pad_nhwc(x, L.pad, L.zx).astype(np.float32 if c["exact_f32"] else np.float64)
+        win = windows_nhwc(xp, kh, kw, L.stride, L.dilation, ho, wo)
+        wd = c["wdw"] if c["exact_f32"] else c["wdw"].astype(np.float64)
+        acc = None
+        for i in range(kh):
+            for j in range(kw):
+                term = win[:, :, :, i, j, :] * wd[i, j]
+                acc = term if acc is None else np.add(acc, term, out=acc)
+        return requantize_fast(acc, c["M64"], L.zy, L.lo, L.hi, L.bias)
+    groups = c["groups"]
+    m = n_ * ho * wo
+    use_ort = groups[0].use_ort(m)
+    if use_ort:
+        xp = pad_nhwc(x.view(np.uint8) ^ np.uint8(0x80), L.pad, np.uint8(L.zx + 128))
+    else:
+        xp = pad_nhwc(x, L.pad, L.zx).astype(np.float32)
+    win = windows_nhwc(xp, kh, kw, L.stride, L.dilation, ho, wo)
+    accs = []
+    for gi, prep in enumerate(groups):
+        sub = win if len(groups) == 1 else win[..., gi * cig:(gi + 1) * cig]
+        cols = np.ascontiguousarray(sub).reshape(m, kh * kw * cig)
+        if use_ort:
+            accs.append(prep.ort()(cols).astype(np.int64) - 128 * prep.colsum)
+        else:
+            accs.append(prep.matmul_f32(cols))
+    acc = accs[0] if len(accs) == 1 else np.concatenate(accs, axis=1)
+    y = requantize_fast(acc, c["M64"], L.zy, L.lo, L.hi, L.bias)
+    return y.reshape(n_, ho, wo, cout)
+
+
+def qconv_int_slow(x, L):
+    """Loop implementation of :func:`qconv_int` with int64 arithmetic (for tests)."""
+    cout, cig, kh, kw = L.qweight.shape
+    n_, h, w, cin = x.shape
+    t, l, b, r = L.pad
+    sh, sw = L.stride
+    dh, dw = L.dilation
+    ho = (h + t + b - (kh - 1) * dh - 1) // sh + 1
+    wo = (w + l + r - (kw - 1) * dw - 1) // sw + 1
+    xp = np.full((n_, h + t + b, w + l + r, cin), L.zx, np.int64)
+    xp[:, t:t + h, l:l + w, :] = x
+    wq = L.qweight.astype(np.int64)
+    cog = cout // L.groups
+    y = np.zeros((n_, ho, wo, cout), np.int8)
+    for bi in range(n_):
+        for oy in range(ho):
+            for ox in range(wo):
+                for co in range(cout):
+                    g = co // cog
+                    acc = int(L.bias[co])
+                    for ci in range(cig):
+                        for i in range(kh):
+                            for j in range(kw):
+                                acc += int(xp[bi, oy * sh + i * dh, ox * sw + j * dw,
+                                              g * cig + ci]) * int(wq[co, ci, i, j])
+                    assert abs(acc) < 2**31
+                    y[bi, oy, ox, co] = requantize(acc, int(L.m[co]), int(L.n[co]), L.zy,
+                                                   L.lo, L.hi)
+    return y
+
+
+# ====================================================================== gemm
+def _gemm_prep(L):
+    c = L.cache
+    if "prep" not in c:
+        c["prep"] = PreparedGemm(L.qweight.T)
+        c["M64"] = _mult64(L.m, L.n)
+    return c
+
+
+def qgemm_int(x, L):
+    """Integer fully connected layer: x int8 [M, K] -> int8 [M, N] (:class:`QGemm`)."""
+    c = _gemm_prep(L)
+    acc = int_matmul(np.ascontiguousarray(x), c["prep"])
+    return requantize_fast(acc, c["M64"], L.zy, L.lo, L.hi, L.bias)
+
+
+def qgemm_int_slow(x, L):
+    """Loop implementation of :func:`qgemm_int` (int64, literal contract)."""
+    mrows, k = x.shape
+    nout = L.qweight.shape[0]
+    y = np.zeros((mrows, nout), np.int8)
+    w = L.qweight.astype(np.int64)
+    for i in range(mrows):
+        xi = x[i].astype(np.int64)
+        for o in range(nout):
+            acc = int(L.bias[o]) + int(sum(int(a) * int(b) for a, b in zip(xi, w[o])))
+            assert abs(acc) < 2**31
+            y[i, o] = requantize(acc, int(L.m[o]), int(L.n[o]), L.zy, L.lo, L.hi)
+    return y
+
+
+# ====================================================================== pools / eltwise
+def _pool_geom(L, x):
+    kh, kw = L.kernel
+    t, l, b, r = L.pad
+    eb, er = L.extra
+    h, w = x.shape[1] + t + b + eb, x.shape[2] + l + r + er
+    ho = (h - (kh - 1) * L.dilation[0] - 1) // L.stride[0] + 1
+    wo = (w - (kw - 1) * L.dilation[1] - 1) // L.stride[1] + 1
+    return (t, l, b + eb, r + er), ho, wo
+
+
+def qmaxpool_int(x, L):
+    """Max pool on int8 channel-last data; padding is -128 (never wins). Exact."""
+    pads, ho, wo = _pool_geom(L, x)
+    xp = pad_nhwc(x, pads, -128)
+    win = windows_nhwc(xp, L.kernel[0], L.kernel[1], L.stride, L.dilation, ho, wo)
+    y = win[:, :, :, 0, 0, :].copy()
+    for i in range(L.kernel[0]):
+        for j in range(L.kernel[1]):
+            if i or j:
+                np.maximum(y, win[:, :, :, i, j, :], out=y)
+    return y
+
+
+def qavgpool_int(x, L):
+    """Average pool (:class:`QAvgPool`): window sum of (q - zx), per-position requantize."""
+    pads, ho, wo = _pool_geom(L, x)
+    kh, kw = L.kernel
+    if L.is_global:
+        acc = x.sum(axis=(1, 2), dtype=np.int64)[:, None, None, :] - L.zx * kh * kw
+    else:
+        xp = pad_nhwc(x, pads, L.zx).astype(np.int32)
+        win = windows_nhwc(xp, kh, kw, L.stride, L.dilation, ho, wo)
+        acc = win[:, :, :, 0, 0, :].copy()
+        for i in range(kh):
+            for j in range(kw):
+                if i or j:
+                    acc += win[:, :, :, i, j, :]
+        acc -= L.zx * kh * kw
+    M64 = _mult64(L.m, L.n)[None, :, :, None]
+    return requantize_fast(acc, M64, L.zy, L.lo, L.hi)
+
+
+def qavgpool_int_slow(x, L):
+    pads, ho, wo = _pool_geom(L, x)
+    t, l = pads[0], pads[1]
+    n_, h, w, c = x.shape
+    y = np.zeros((n_, ho, wo, c), np.int8)
+    for oy in range(ho):
+        for ox in range(wo):
+            acc = np.zeros((n_, c), np.int64)
+            for i in range(L.kernel[0]):
+                for j in range(L.kernel[1]):
+                    yy = oy * L.stride[0] + i * L.dilation[0] - t
+                    xx = ox * L.stride[1] + j * L.dilation[1] - l
+                    if 0 <= yy < h and 0 <= xx < w:
+                        acc += x[:, yy, xx, :].astype(np.int64) - L.zx
+            y[:, oy, ox, :] = requantize(acc, int(L.m[oy, ox]), int(L.n[oy, ox]), L.zy,
+                                         L.lo, L.hi)
+    return y
+
+
+def qeltwise_int(xs, L):
+    """Add / concat / rescale (:class:`QEltwise`). ``xs`` are int8 arrays in the same
+    layout; for concat ``axis`` must already be the physical axis (see the executor)."""
+    M64 = _mult64(L.m, L.n)
+    if L.op == "add":
+        acc = None
+        for x, k, z in zip(xs, L.k, L.z):
+            term = (x.astype(np.int64) - int(z)) * int(k)
+            acc = term if acc is None else np.add(acc, term, out=acc)
+        return requantize_fast(acc, M64, L.zy, L.lo, L.hi)
+    outs = []
+    for i, (x, k, z) in enumerate(zip(xs, L.k, L.z)):
+        if L.identity and L.identity[i] and L.lo == -128 and L.hi == 127:
+            outs.append(x)
+        else:
+            outs.append(requantize_fast((x.astype(np.int64) - int(z)) * int(k), M64, L.zy,
+                                        L.lo, L.hi))
+    return outs
+
+
+def qeltwise_int_slow(xs, L):
+    if L.op == "add":
+        acc = sum((x.astype(np.int64) - int(z)) * int(k) for x, k, z in zip(xs, L.k, L.z))
+        return requantize(acc, L.m, L.n, L.zy, L.lo, L.hi)
+    return [requantize((x.astype(np.int64) - int(z)) * int(k), L.m, L.n, L.zy, L.lo, L.hi)
+            for x, k, z in zip(xs, L.k, L.z)]
+
+
+def qlut_int(x, L):
+    return np.take(L.table, (x.view(np.uint8) ^ np.uint8(0x80)))
+
+
+# ====================================================================== executor
+_CL_AXIS = {4: {0: 0, 1: 3, 2: 1, 3: 2}, 3: {0: 0, 1: 3, 2: 2}}
+
+
+class _Env:
+    """Tensor store tracking each activation's physical layout ('cl' or 'lg')."""
+
+    def __init__(self, graph):
+        self.g = graph
+        self.v = {}
+
+    def put(self, name, arr, layout):
+        self.v[name] = (arr, layout)
+
+    def rank(self, name):
+        return len(self.g.shape(name))
+
+    def cl(self, name):
+        arr, lay = self.v[name]
+        if lay == "cl":
+            return arr
+        if arr.ndim in (3, 4):
+            arr = np.ascontiguousarray(to_cl(arr))
+            self.v[name] = (arr, "cl")  # channel-last is the preferred storage
+            return arr
+        return arr
+
+    def lg(self, name):
+        arr, lay = self.v[name]
+        if lay == "lg":
+            return arr
+        return np.ascontiguousarray(from_cl(arr, self.rank(name)))
+
+    def any(self, name):
+        return self.v[name]
+
+
+def run_reference(qg, feed_q, observer=None):
+    """Run the integer network on int8 inputs ``feed_q`` {name: int8 logical array}.
+
+    Returns ``{output name: int8 array}`` in the logical (ONNX) layout. ``observer(name,
+    int8 logical array)`` is called for every tensor (slow: converts layouts)."""
+    env = _Env(qg)
+    for t in qg.inputs:
+        x = np.asarray(feed_q[t.name])
+        if x.dtype != np.int8:
+            raise DnnfabError(f"run_reference needs int8 inputs; got {x.dtype} for {t.name!r}")
+        env.put(t.name, x, "lg")
+    for L in qg.layers:
+        op = L.op
+        if op == "conv":
+            y, lay = qconv_int(env.cl(L.input), L), "cl"
+        elif op == "gemm":
+            x = env.lg(L.input)
+            shp = x.shape
+            y = qgemm_int(x.reshape(-1, shp[-1]), L).reshape(shp[:-1] + (L.qweight.shape[0],))
+            lay = "lg"
+        elif op == "maxpool":
+            y, lay = qmaxpool_int(env.cl(L.input), L), "cl"
+        elif op == "avgpool":
+            y, lay = qavgpool_int(env.cl(L.input), L), "cl"
+        elif op == "add":
+            lays = {env.any(t)[1] for t in L.inputs}
+            if env.rank(L.inputs[0]) in (3, 4) and "cl" in lays:
+                xs, lay = [env.cl(t) for t in L.inputs], "cl"
+            else:
+                xs, lay = [env.lg(t) for t in L.inputs], "lg"
+            y = qeltwise_int(xs, L)
+        elif op in ("concat", "rescale"):
+            r = env.rank(L.inputs[0])
+            if r in (3, 4):
+                xs, lay = [env.cl(t) for t in L.inputs], "cl"
+                axis = _CL_AXIS[r][L.axis] if op == "concat" else 0
+            else:
+                xs, lay = [env.lg(t) for t in L.inputs], "lg"
+                axis = L.axis
+            parts = qeltwise_int(xs, L)
+            y = parts[0] if op == "rescale" else np.concatenate(parts, axis=axis)
+        elif op == "clip":
+            x, lay = env.any(L.input)
+            y = np.clip(x, L.lo, L.hi) if (L.lo > -128 or L.hi < 127) else x
+        elif op == "lut":
+            x, lay = env.any(L.input)
+            y = qlut_int(x, L)
+        elif op == "reshape":
+            y, lay = env.lg(L.input).reshape(L.attr), "lg"
+        elif op == "transpose":
+            x = env.lg(L.input)
+            perm = L.attr
+            if x.ndim == 4:  # produce channel-last directly: logical perm then (0,2,3,1)
+                y, lay = np.ascontiguousarray(x.transpose([perm[i] for i in (0, 2, 3, 1)])), "cl"
+            else:
+                y, lay = np.ascontiguousarray(x.transpose(perm)), "lg"
+        elif op == "float":
+            y, lay = _run_qfloat(qg, env, L), "lg"
+        else:
+            raise DnnfabError(f"layer {L.name!r}: unknown integer op {op!r}")
+        env.put(L.output, y, lay)
+        if observer:
+            observer(L.output, env.lg(L.output))
+    return {t.name: env.lg(t.name) for t in qg.outputs}
+
+
+def _run_qfloat(qg, env, L):
+    xs = []
+    for t in L.inputs:
+        p = qg.qtensors[t]
+        xs.append(dequantize_tensor(env.lg(t), p.scale, p.zero_point))
+    with np.errstate(all="ignore"):
+        y = run_float_layer(L.layer, xs)[0]
+    p = qg.qtensors[L.output]
+    y = np.nan_to_num(y, nan=0.0, posinf=3e38, neginf=-3e38)
+    return quantize_tensor(y, p.scale, p.zero_point)
