@@ -223,7 +223,7 @@ class _BurstGen(Elaboratable):
         to4k = Signal(range(_BOUNDARY // cfg.bus_bytes + 1))
         b1 = Signal(range(cfg.max_burst + 1))
         m.d.comb += [
-            to4k.eq((_BOUNDARY >> lb) - cur[lb:12]),
+            to4k.eq((_BOUNDARY >> lb)),
             b1.eq(Mux(rem < cfg.max_burst, rem, cfg.max_burst)),
             self.blen.eq(Mux(to4k < b1, to4k, b1)),
             self.addr.eq(cur),

@@ -24,11 +24,14 @@ __all__ = [
     "DIGITS_TEST_FRACTION",
     "EEG_CHANNELS",
     "EEG_FS",
+    "EEG_N_TEST",
+    "EEG_N_TRAIN",
     "EEG_SAMPLES",
     "EEG_SCALE_UV",
     "EEG_TEST_SEED",
     "EEG_TRAIN_SEED",
     "digits_split",
+    "eeg_model_input",
     "eeg_split",
     "eeg_windows",
 ]
@@ -80,6 +83,9 @@ EEG_SCALE_UV = 100.0
 #: Seeds of the training and the held-out windows (different seeds = disjoint draws).
 EEG_TRAIN_SEED = 0
 EEG_TEST_SEED = 1
+#: Number of training and held-out windows of ``eeg-seizure``.
+EEG_N_TRAIN = 30000
+EEG_N_TEST = 1000
 
 # Approximate 10-20 electrode positions on a unit disc seen from above
 # (x: left -> right, y: back -> front).
@@ -281,15 +287,24 @@ def eeg_windows(n, seed, *, seizure_fraction=0.5, return_meta=False):
     return (x, y, meta) if return_meta else (x, y)
 
 
-def eeg_split(n_train=4000, n_test=1000, train_seed=EEG_TRAIN_SEED, test_seed=EEG_TEST_SEED):
+def eeg_model_input(x_uv):
+    """Windows in microvolts ``[n, 23, 256]`` -> ``eeg-seizure`` input ``[n, 23, 1, 256]`` float32.
+
+    The model input is microvolts / :data:`EEG_SCALE_UV` (units of 100 uV), laid out as
+    NCHW with the 23 EEG channels as C, H = 1 and time as W.
+    """
+    x = np.asarray(x_uv, dtype=np.float32)
+    return (x / np.float32(EEG_SCALE_UV))[:, :, None, :]
+
+
+def eeg_split(n_train=EEG_N_TRAIN, n_test=EEG_N_TEST, train_seed=EEG_TRAIN_SEED,
+              test_seed=EEG_TEST_SEED):
     """Return ``(x_train, y_train, x_test, y_test)`` exactly as ``eeg-seizure`` was trained and measured.
 
-    ``x`` is float32 ``[n, 23, 1, 256]``: microvolts / :data:`EEG_SCALE_UV` (i.e. units of
-    100 uV), laid out as NCHW with the 23 EEG channels as C, H = 1 and time as W. Half of
-    each set are seizure windows. Training and test windows come from different seeds.
+    ``x`` is the model input (see :func:`eeg_model_input`), ``y`` is 1 for seizure. Half
+    of each set are seizure windows; training and test windows come from different seeds.
+    ``eeg_split(n_train=0)`` gives just the held-out windows (fast: about a second).
     """
     x_tr, y_tr = eeg_windows(n_train, train_seed)
     x_te, y_te = eeg_windows(n_test, test_seed)
-    def prep(x):
-        return (x / np.float32(EEG_SCALE_UV))[:, :, None, :].astype(np.float32)
-    return prep(x_tr), y_tr, prep(x_te), y_te
+    return eeg_model_input(x_tr), y_tr, eeg_model_input(x_te), y_te

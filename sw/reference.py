@@ -392,7 +392,7 @@ def qlut_int(x, L):
 _CL_AXIS = {4: {0: 0, 1: 3, 2: 1, 3: 2}, 3: {0: 0, 1: 3, 2: 2}}
 
 
-class _Env:
+class Env:
     """Tensor store tracking each activation's physical layout ('cl' or 'lg')."""
 
     def __init__(self, graph):
@@ -430,65 +430,70 @@ def run_reference(qg, feed_q, observer=None):
 
     Returns ``{output name: int8 array}`` in the logical (ONNX) layout. ``observer(name,
     int8 logical array)`` is called for every tensor (slow: converts layouts)."""
-    env = _Env(qg)
+    env = Env(qg)
     for t in qg.inputs:
         x = np.asarray(feed_q[t.name])
         if x.dtype != np.int8:
             raise DnnfabError(f"run_reference needs int8 inputs; got {x.dtype} for {t.name!r}")
         env.put(t.name, x, "lg")
     for L in qg.layers:
-        op = L.op
-        if op == "conv":
-            y, lay = qconv_int(env.cl(L.input), L), "cl"
-        elif op == "gemm":
-            x = env.lg(L.input)
-            shp = x.shape
-            y = qgemm_int(x.reshape(-1, shp[-1]), L).reshape(shp[:-1] + (L.qweight.shape[0],))
-            lay = "lg"
-        elif op == "maxpool":
-            y, lay = qmaxpool_int(env.cl(L.input), L), "cl"
-        elif op == "avgpool":
-            y, lay = qavgpool_int(env.cl(L.input), L), "cl"
-        elif op == "add":
-            lays = {env.any(t)[1] for t in L.inputs}
-            if env.rank(L.inputs[0]) in (3, 4) and "cl" in lays:
-                xs, lay = [env.cl(t) for t in L.inputs], "cl"
-            else:
-                xs, lay = [env.lg(t) for t in L.inputs], "lg"
-            y = qeltwise_int(xs, L)
-        elif op in ("concat", "rescale"):
-            r = env.rank(L.inputs[0])
-            if r in (3, 4):
-                xs, lay = [env.cl(t) for t in L.inputs], "cl"
-                axis = _CL_AXIS[r][L.axis] if op == "concat" else 0
-            else:
-                xs, lay = [env.lg(t) for t in L.inputs], "lg"
-                axis = L.axis
-            parts = qeltwise_int(xs, L)
-            y = parts[0] if op == "rescale" else np.concatenate(parts, axis=axis)
-        elif op == "clip":
-            x, lay = env.any(L.input)
-            y = np.clip(x, L.lo, L.hi) if (L.lo > -128 or L.hi < 127) else x
-        elif op == "lut":
-            x, lay = env.any(L.input)
-            y = qlut_int(x, L)
-        elif op == "reshape":
-            y, lay = env.lg(L.input).reshape(L.attr), "lg"
-        elif op == "transpose":
-            x = env.lg(L.input)
-            perm = L.attr
-            if x.ndim == 4:  # produce channel-last directly: logical perm then (0,2,3,1)
-                y, lay = np.ascontiguousarray(x.transpose([perm[i] for i in (0, 2, 3, 1)])), "cl"
-            else:
-                y, lay = np.ascontiguousarray(x.transpose(perm)), "lg"
-        elif op == "float":
-            y, lay = _run_qfloat(qg, env, L), "lg"
-        else:
-            raise DnnfabError(f"layer {L.name!r}: unknown integer op {op!r}")
-        env.put(L.output, y, lay)
+        run_layer(qg, env, L)
         if observer:
             observer(L.output, env.lg(L.output))
     return {t.name: env.lg(t.name) for t in qg.outputs}
+
+
+def run_layer(qg, env, L):
+    """Execute one integer layer, reading/writing tensors in ``env`` (an :class:`Env`)."""
+    op = L.op
+    if op == "conv":
+        y, lay = qconv_int(env.cl(L.input), L), "cl"
+    elif op == "gemm":
+        x = env.lg(L.input)
+        shp = x.shape
+        y = qgemm_int(x.reshape(-1, shp[-1]), L).reshape(shp[:-1] + (L.qweight.shape[0],))
+        lay = "lg"
+    elif op == "maxpool":
+        y, lay = qmaxpool_int(env.cl(L.input), L), "cl"
+    elif op == "avgpool":
+        y, lay = qavgpool_int(env.cl(L.input), L), "cl"
+    elif op == "add":
+        lays = {env.any(t)[1] for t in L.inputs}
+        if env.rank(L.inputs[0]) in (3, 4) and "cl" in lays:
+            xs, lay = [env.cl(t) for t in L.inputs], "cl"
+        else:
+            xs, lay = [env.lg(t) for t in L.inputs], "lg"
+        y = qeltwise_int(xs, L)
+    elif op in ("concat", "rescale"):
+        r = env.rank(L.inputs[0])
+        if r in (3, 4):
+            xs, lay = [env.cl(t) for t in L.inputs], "cl"
+            axis = _CL_AXIS[r][L.axis] if op == "concat" else 0
+        else:
+            xs, lay = [env.lg(t) for t in L.inputs], "lg"
+            axis = L.axis
+        parts = qeltwise_int(xs, L)
+        y = parts[0] if op == "rescale" else np.concatenate(parts, axis=axis)
+    elif op == "clip":
+        x, lay = env.any(L.input)
+        y = np.clip(x, L.lo, L.hi) if (L.lo > -128 or L.hi < 127) else x
+    elif op == "lut":
+        x, lay = env.any(L.input)
+        y = qlut_int(x, L)
+    elif op == "reshape":
+        y, lay = env.lg(L.input).reshape(L.attr), "lg"
+    elif op == "transpose":
+        x = env.lg(L.input)
+        perm = L.attr
+        if x.ndim == 4:  # produce channel-last directly: logical perm then (0,2,3,1)
+            y, lay = np.ascontiguousarray(x.transpose([perm[i] for i in (0, 2, 3, 1)])), "cl"
+        else:
+            y, lay = np.ascontiguousarray(x.transpose(perm)), "lg"
+    elif op == "float":
+        y, lay = _run_qfloat(qg, env, L), "lg"
+    else:
+        raise DnnfabError(f"layer {L.name!r}: unknown integer op {op!r}")
+    env.put(L.output, y, lay)
 
 
 def _run_qfloat(qg, env, L):
