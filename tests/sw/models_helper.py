@@ -23,6 +23,8 @@ from onnx import TensorProto, helper, numpy_helper
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 LIGHT_MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
                 "shufflenet", "squeezenet", "vgg19", "zfnet512"]
+#: the three with 50-140M-parameter fully connected layers (slow to randomize)
+BIG_FC_MODELS = {"bvlc_alexnet", "vgg19", "zfnet512"}
 
 
 def light_path(name):
@@ -72,7 +74,8 @@ def _randomized_bytes(name, seed):
                 shape[1] if op == "Gemm" and len(shape) == 2 else shape[0])
             if op == "Gemm" and any(a.name == "transB" and a.i == 0 for a in role_node.attribute):
                 fan_in = shape[0]
-            val = rng.standard_normal(shape) * np.sqrt(2.0 / max(fan_in, 1))
+            a = np.float32(np.sqrt(6.0 / max(fan_in, 1)))  # He-uniform: cheap for 100M weights
+            val = rng.random(shape, dtype=np.float32) * (2 * a) - a
         elif op == "BatchNormalization":
             val = {1: rng.uniform(0.5, 1.5, shape), 2: rng.normal(0, 0.1, shape),
                    3: rng.normal(0, 0.1, shape), 4: rng.uniform(0.5, 1.5, shape)}[idx]
@@ -80,7 +83,7 @@ def _randomized_bytes(name, seed):
             val = rng.uniform(0.5, 1.5, shape)
         else:  # biases, Add constants
             val = rng.normal(0, 0.05, shape)
-        new_inits.append(numpy_helper.from_array(val.astype(np.float32), out))
+        new_inits.append(numpy_helper.from_array(np.asarray(val, np.float32), out))
     del g.node[:]
     g.node.extend(new_nodes)
     g.initializer.extend(new_inits)
@@ -142,3 +145,240 @@ def model(nodes, inputs, outputs, inits=(), opset=13):
 def rand_w(rng, *shape, fan_in=None):
     fan_in = fan_in or int(np.prod(shape[1:]))
     return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+
+# ================================================================ hand-built op cases
+def _conv_case(rng, cin=8, cout=16, k=3, hw=12, bn=False, act="relu", **conv_attrs):
+    groups = conv_attrs.get("group", 1)
+    w = rand_w(rng, cout, cin // groups, *([k, k] if isinstance(k, int) else k))
+    b = rng.normal(0, 0.1, cout).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **conv_attrs)]
+    inits = [init("w", w), init("b", b)]
+    last = "c"
+    if bn:
+        nodes.append(helper.make_node("BatchNormalization", ["c", "g", "beta", "mu", "var"],
+                                      ["bn"], epsilon=1e-3))
+        inits += [init("g", rng.uniform(0.5, 1.5, cout).astype(np.float32)),
+                  init("beta", rng.normal(0, 0.1, cout).astype(np.float32)),
+                  init("mu", rng.normal(0, 0.1, cout).astype(np.float32)),
+                  init("var", rng.uniform(0.5, 1.5, cout).astype(np.float32))]
+        last = "bn"
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", [last], ["y"]))
+    elif act == "relu6":
+        inits += [init("lo", np.float32(0)), init("hi", np.float32(6))]
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["y"]))
+    elif act == "leaky":
+        nodes.append(helper.make_node("LeakyRelu", [last], ["y"], alpha=0.1))
+    else:
+        nodes[-1].output[0] = "y"
+    xshape = [1, cin, hw, hw]
+    return model(nodes, [vi("x", xshape)], [vi("y", None)], inits)
+
+
+def _conv1d_case(rng):
+    w = rand_w(rng, 6, 4, 5)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[2, 2], strides=[2]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[3], strides=[2])]
+    return model(nodes, [vi("x", [1, 4, 40])], [vi("y", None)], [init("w", w)])
+
+
+def _gemm_case(rng, variant):
+    if variant == "gemm":
+        nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["g"], transB=1, alpha=0.5, beta=2.0),
+                 helper.make_node("Relu", ["g"], ["y"])]
+        inits = [init("w", rand_w(rng, 10, 20)), init("b", rng.normal(0, .1, 10).astype(np.float32))]
+        return model(nodes, [vi("x", [2, 20])], [vi("y", None)], inits)
+    if variant == "gemm_notrans_bn":
+        nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["g"]),
+                 helper.make_node("BatchNormalization", ["g", "s", "bb", "mu", "var"], ["y"])]
+        inits = [init("w", rand_w(rng, 20, 10, fan_in=20)),
+                 init("b", rng.normal(0, .1, (1, 10)).astype(np.float32)),
+                 init("s", rng.uniform(.5, 1.5, 10).astype(np.float32)),
+                 init("bb", rng.normal(0, .1, 10).astype(np.float32)),
+                 init("mu", rng.normal(0, .1, 10).astype(np.float32)),
+                 init("var", rng.uniform(.5, 1.5, 10).astype(np.float32))]
+        return model(nodes, [vi("x", [1, 20])], [vi("y", None)], inits)
+    if variant == "matmul_add":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]),
+                 helper.make_node("Add", ["mm", "b"], ["a"]),
+                 helper.make_node("Softmax", ["a"], ["y"], axis=-1)]
+        inits = [init("w", rand_w(rng, 24, 7, fan_in=24)),
+                 init("b", rng.normal(0, .1, 7).astype(np.float32))]
+        return model(nodes, [vi("x", [1, 24])], [vi("y", None)], inits)
+    if variant == "matmul3d":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]),
+                 helper.make_node("Add", ["mm", "b"], ["y"])]
+        inits = [init("w", rand_w(rng, 16, 12, fan_in=16)),
+                 init("b", rng.normal(0, .1, 12).astype(np.float32))]
+        return model(nodes, [vi("x", [1, 5, 16])], [vi("y", None)], inits)
+    raise KeyError(variant)
+
+
+def _pool_case(rng, op, **attrs):
+    w = rand_w(rng, 8, 3, 3, 3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node(op, ["c"], ["y"], **attrs)]
+    return model(nodes, [vi("x", [1, 3, 13, 13])], [vi("y", None)], [init("w", w)])
+
+
+def _residual_case(rng):
+    """conv-relu, conv, Add(residual), Sum of three, BN after the add (-> depthwise 1x1),
+    Concat, Mul/Sub/Div by per-channel constants, GlobalAveragePool, Flatten, Gemm."""
+    c = 8
+    inits = [init("w1", rand_w(rng, c, c, 3, 3)), init("w2", rand_w(rng, c, c, 3, 3)),
+             init("w3", rand_w(rng, c, c, 1, 1)), init("fc", rand_w(rng, 5, 2 * c)),
+             init("g", rng.uniform(.5, 1.5, c).astype(np.float32)),
+             init("be", rng.normal(0, .1, c).astype(np.float32)),
+             init("mu", rng.normal(0, .1, c).astype(np.float32)),
+             init("va", rng.uniform(.5, 1.5, c).astype(np.float32)),
+             init("mul", rng.uniform(.5, 1.5, (c, 1, 1)).astype(np.float32)),
+             init("sub", rng.normal(0, .2, (1, c, 1, 1)).astype(np.float32)),
+             init("div", np.float32(1.7))]
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), n("Relu", ["a"], ["ar"]),
+             n("Conv", ["ar", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             n("Add", ["b", "x"], ["s"]), n("Relu", ["s"], ["sr"]),
+             n("Conv", ["sr", "w3"], ["d"]),
+             n("Sum", ["d", "sr", "x"], ["e"]),
+             n("BatchNormalization", ["e", "g", "be", "mu", "va"], ["f"]),
+             n("Mul", ["f", "mul"], ["f2"]), n("Sub", ["f2", "sub"], ["f3"]),
+             n("Div", ["f3", "div"], ["f4"]), n("Relu", ["f4"], ["f5"]),
+             n("Concat", ["f5", "sr"], ["cat"], axis=1),
+             n("GlobalAveragePool", ["cat"], ["gap"]), n("Flatten", ["gap"], ["fl"]),
+             n("Gemm", ["fl", "fc"], ["y"], transB=1)]
+    return model(nodes, [vi("x", [1, c, 10, 10])], [vi("y", None)], inits)
+
+
+def _layout_case(rng):
+    """Reshape / Transpose (channel shuffle) / Squeeze / Unsqueeze / Dropout / Identity."""
+    n = helper.make_node
+    inits = [init("w", rand_w(rng, 12, 12, 1, 1)), init("s1", np.array([1, 3, 4, 6, 6], np.int64)),
+             init("s2", np.array([1, 12, 6, 6], np.int64)), init("ax", np.array([0], np.int64))]
+    nodes = [n("Conv", ["x", "w"], ["c"]), n("Relu", ["c"], ["r"]),
+             n("Reshape", ["r", "s1"], ["r5"]), n("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4]),
+             n("Reshape", ["t5", "s2"], ["sh"]), n("Dropout", ["sh"], ["dr"]),
+             n("Identity", ["dr"], ["id"]), n("Squeeze", ["id", "ax"], ["sq"]),
+             n("Unsqueeze", ["sq", "ax"], ["y"])]
+    return model(nodes, [vi("x", [1, 12, 6, 6])], [vi("y", None)], inits)
+
+
+def _float_ops_case(rng):
+    """CPU float ops: LRN, Sigmoid, Tanh, Selu, Elu, HardSigmoid, Mul of two tensors,
+    non-constant MatMul, Softmax."""
+    n = helper.make_node
+    inits = [init("w", rand_w(rng, 8, 4, 3, 3)), init("sh", np.array([1, 8, 36], np.int64))]
+    nodes = [n("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             n("LRN", ["c"], ["l"], size=3, alpha=1e-3, beta=0.75, bias=1.0),
+             n("Sigmoid", ["l"], ["sg"]), n("Tanh", ["l"], ["th"]), n("Mul", ["sg", "th"], ["m"]),
+             n("Selu", ["m"], ["se"]), n("Elu", ["se"], ["el"]),
+             n("HardSigmoid", ["el"], ["hs"]),
+             n("Reshape", ["hs", "sh"], ["r"]),
+             n("Transpose", ["r"], ["rt"], perm=[0, 2, 1]),
+             n("MatMul", ["r", "rt"], ["mm"]),
+             n("Softmax", ["mm"], ["y"], axis=-1)]
+    return model(nodes, [vi("x", [1, 4, 6, 6])], [vi("y", None)], inits)
+
+
+def _keras_case(rng):
+    """Channel-last Keras/tf2onnx style: NHWC input, Transpose in, conv body, Transpose out,
+    Reshape via Shape/Gather/Concat (folded), MatMul + Add, Softmax; dynamic batch."""
+    n = helper.make_node
+    inits = [init("w", rand_w(rng, 6, 3, 3, 3)), init("w2", rand_w(rng, 6, 1, 3, 3)),
+             init("b2", rng.normal(0, .1, 6).astype(np.float32)),
+             init("fc", rand_w(rng, 6 * 4 * 4, 4, fan_in=96)),
+             init("fb", rng.normal(0, .1, 4).astype(np.float32)),
+             init("idx0", np.array([0], np.int64)), init("m1", np.array([-1], np.int64))]
+    nodes = [n("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]),
+             n("Conv", ["xt", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2]),
+             n("Relu", ["c"], ["r"]),
+             n("Conv", ["r", "w2", "b2"], ["dw"], group=6, auto_pad="SAME_LOWER"),
+             n("Relu", ["dw"], ["dr"]),
+             n("Transpose", ["dr"], ["back"], perm=[0, 2, 3, 1]),
+             n("Shape", ["back"], ["shp"]), n("Gather", ["shp", "idx0"], ["bs"], axis=0),
+             n("Concat", ["bs", "m1"], ["newshape"], axis=0),
+             n("Reshape", ["back", "newshape"], ["flat"]),
+             n("MatMul", ["flat", "fc"], ["mm"]), n("Add", ["mm", "fb"], ["logits"]),
+             n("Softmax", ["logits"], ["y"], axis=-1)]
+    return model(nodes, [vi("x", ["N", 8, 8, 3])], [vi("y", None)], inits)
+
+
+def _light_style_case(rng):
+    """Old-exporter style (opset 9): weights from ConstantOfShape, initializers listed among
+    the graph inputs, Dropout, Softmax with coerced axis."""
+    n = helper.make_node
+    wshape = np.array([4, 3, 3, 3], np.int64)
+    inits = [init("w_shape", wshape), init("b", rng.normal(0, .1, 4).astype(np.float32))]
+    nodes = [n("ConstantOfShape", ["w_shape"], ["w"],
+               value=numpy_helper.from_array(np.array([0.05], np.float32))),
+             n("Conv", ["data_0", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             n("Relu", ["c"], ["r"]), n("Dropout", ["r"], ["d"], ratio=0.5),
+             n("Softmax", ["d"], ["prob"], axis=1)]
+    inputs = [vi("w_shape", [4], TensorProto.INT64), vi("data_0", [1, 3, 5, 5]),
+              vi("b", [4])]
+    return model(nodes, inputs, [vi("prob", None)], inits, opset=9)
+
+
+def _dilated_case(rng):
+    return _conv_case(rng, cin=4, cout=6, k=3, hw=15, act="relu6", dilations=[2, 3],
+                      pads=[2, 3, 2, 3], strides=[1, 2])
+
+
+CASES = {
+    "conv_bn_relu": lambda r: _conv_case(r, bn=True, pads=[1, 1, 1, 1]),
+    "conv_stride_pads": lambda r: _conv_case(r, k=5, strides=[2, 2], pads=[2, 1, 0, 2]),
+    "conv_dilated_relu6": _dilated_case,
+    "conv_auto_pad_upper": lambda r: _conv_case(r, k=4, strides=[2, 2], auto_pad="SAME_UPPER"),
+    "conv_auto_pad_lower": lambda r: _conv_case(r, k=4, strides=[3, 3], auto_pad="SAME_LOWER"),
+    "conv_auto_pad_valid": lambda r: _conv_case(r, k=3, auto_pad="VALID", act=None),
+    "conv_depthwise": lambda r: _conv_case(r, cin=8, cout=8, group=8, pads=[1, 1, 1, 1]),
+    "conv_depthwise_mult": lambda r: _conv_case(r, cin=4, cout=8, group=4, pads=[1, 1, 1, 1],
+                                                strides=[2, 2]),
+    "conv_grouped": lambda r: _conv_case(r, cin=8, cout=12, group=4, pads=[1, 1, 1, 1]),
+    "conv_leaky": lambda r: _conv_case(r, act="leaky", pads=[1, 1, 1, 1]),
+    "conv1d": _conv1d_case,
+    "gemm": lambda r: _gemm_case(r, "gemm"),
+    "gemm_notrans_bn": lambda r: _gemm_case(r, "gemm_notrans_bn"),
+    "matmul_add_softmax": lambda r: _gemm_case(r, "matmul_add"),
+    "matmul_3d": lambda r: _gemm_case(r, "matmul3d"),
+    "maxpool": lambda r: _pool_case(r, "MaxPool", kernel_shape=[3, 3], strides=[2, 2],
+                                    pads=[1, 1, 1, 1]),
+    "maxpool_ceil": lambda r: _pool_case(r, "MaxPool", kernel_shape=[2, 2], strides=[2, 2],
+                                         ceil_mode=1),
+    "avgpool_pad_excl": lambda r: _pool_case(r, "AveragePool", kernel_shape=[3, 3],
+                                             strides=[2, 2], pads=[1, 1, 1, 1]),
+    "avgpool_pad_incl": lambda r: _pool_case(r, "AveragePool", kernel_shape=[3, 3],
+                                             strides=[1, 1], pads=[1, 1, 1, 1],
+                                             count_include_pad=1),
+    "avgpool_ceil": lambda r: _pool_case(r, "AveragePool", kernel_shape=[3, 3],
+                                         strides=[2, 2], ceil_mode=1),
+    "global_avgpool": lambda r: _pool_case(r, "GlobalAveragePool"),
+    "global_maxpool": lambda r: _pool_case(r, "GlobalMaxPool"),
+    "residual_bn_concat": _residual_case,
+    "layout_ops": _layout_case,
+    "float_ops": _float_ops_case,
+    "keras_channel_last": _keras_case,
+    "light_style": _light_style_case,
+}
+
+
+def case(name, seed=0):
+    return CASES[name](np.random.default_rng(seed))
+
+
+def input_feed(graph_or_model, seed=1, n=None):
+    """Standard normal data for every real input (batch 1 for dynamic dims)."""
+    rng = np.random.default_rng(seed)
+    feed = {}
+    if hasattr(graph_or_model, "inputs") and not isinstance(graph_or_model, onnx.ModelProto):
+        for t in graph_or_model.inputs:
+            shape = t.shape if n is None else (n,) + tuple(t.shape[1:])
+            feed[t.name] = rng.standard_normal(shape).astype(np.float32)
+        return feed
+    for i in real_inputs(graph_or_model):
+        shape = [d.dim_value if d.dim_value > 0 else 1 for d in i.type.tensor_type.shape.dim]
+        if n is not None:
+            shape[0] = n
+        feed[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feed

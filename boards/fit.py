@@ -1,0 +1,378 @@
+"""Analytical resource estimate, fit check and auto-sizing (milliseconds, no tools).
+
+:func:`estimate` predicts LUTs, FFs, DSPs and block RAMs of a configuration on an FPGA
+family from the structure of the generated hardware -- it counts what yosys will infer,
+block by block, instead of scaling a reference design:
+
+* **systolic array** (hw/systolic.py, hw/pe.py): per PE the activation, two weight
+  registers (shadow/active) and the product register; the partial-sum register has the
+  width yosys keeps after ``wreduce``/``opt_merge``: ``P = in+w`` bits in row 0,
+  ``P+1`` in row 1 and ``acc_bits`` below (observed, exact on ECP5/iCE40); the ``first``
+  flags of all PEs with equal delay merge into ``R+C-1`` registers; skew
+  ``in * R(R+1)/2``, deskew ``acc * C(C-1)/2``, valid/tag lines ``(R+C+2)(1+tag)``.
+  One hard multiplier per PE (8x8 fits MULT18X18D, SB_MAC16 and DSP48E1). On 7-series,
+  yosys packs the product register, the partial-sum adder and its register into the
+  DSP48E1 (fitted separately). Adders are carry chains: ECP5 CCU2C (2 LUT4 each), iCE40
+  SB_CARRY + one LUT per bit.
+* **requantizer** (hw/postproc.py): per output lane a signed 32 x unsigned 16 multiply
+  (2 multipliers on every family) plus the rounding adder, 49-bit arithmetic shifter and
+  clamp (measured per lane).
+* **memories** (amaranth.lib.memory): block RAM count = the cheapest geometry of the
+  family's block (ECP5 DP16KD 16Kx1 .. 512x36 with 9-bit byte enables; iCE40 4 Kbit
+  256x16 .. 2048x2; 7-series RAMB18 in 36 Kbit units), split at the write granularity.
+* **DMA, CSR, controller and glue**: a per-family constant plus a bus-width term
+  (calibrated against the synthesized accelerator, see docs/boards.md).
+
+The tolerance of each figure against real synthesis is asserted in
+tests/boards/test_fit.py and stated in docs/boards.md (DSP exact; FF exact for the
+array on ECP5/iCE40; LUT and BRAM within :data:`TOLERANCE`).
+
+:func:`check_fit` raises a :class:`~dnnfab.errors.FitError` naming the resource, the need
+and the budget; :func:`autosize` picks the largest power-of-two array (and scratchpad
+sizes) that fits.
+"""
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+import math
+
+from . import get_board, Board
+from ..errors import FitError, ConfigError
+from ..hw.config import AcceleratorConfig
+
+__all__ = ["estimate", "check_fit", "autosize", "fit_report", "max_array", "TOLERANCE",
+           "UTILISATION_LIMIT", "target_top", "memory_blocks"]
+
+#: Relative tolerance of the estimate against yosys/nextpnr, per resource (asserted in tests).
+TOLERANCE = {"dsp": 0.0, "ff": 0.10, "lut": 0.20, "bram": 0.15}
+
+#: Share of each resource a design may use and still be called a fit. LUTs keep 15%
+#: headroom: beyond that nextpnr's placement degrades Fmax and routing may fail.
+UTILISATION_LIMIT = {"lut": 0.85, "ff": 0.90, "dsp": 1.0, "bram": 1.0, "spram": 1.0}
+
+_PRIMITIVE = {
+    "ecp5": {"dsp": "MULT18X18D", "bram": "DP16KD (18 Kbit)", "lut": "LUT4", "ff": "FFs"},
+    "ice40": {"dsp": "SB_MAC16", "bram": "SB_RAM40_4K (4 Kbit)", "lut": "logic cells",
+              "ff": "FFs", "spram": "SB_SPRAM256KA"},
+    "xc7": {"dsp": "DSP48E1", "bram": "RAMB36E1 (36 Kbit)", "lut": "LUT6", "ff": "FFs"},
+}
+
+#: Which top level the fit check sizes when the caller does not say (see :func:`target_top`).
+_TOP = ContextVar("dnnfab_fit_top", default="accelerator")
+
+
+@contextmanager
+def target_top(top):
+    """Within this block, :func:`check_fit` / :func:`autosize` default to ``top``.
+
+    ``dnnfab synth --top array`` wraps :func:`dnnfab.hw.cli.config_from_args` in it, so
+    the board check there sizes the array rather than the whole accelerator.
+    """
+    tok = _TOP.set(top)
+    try:
+        yield
+    finally:
+        _TOP.reset(tok)
+
+
+def _clog2(n):
+    """Bits of a signal of ``range(n)`` (Amaranth's width)."""
+    return max(0, (n - 1).bit_length())
+
+
+def _mults(family, a_bits, b_bits):
+    """Hard multipliers for one a x b multiply (signed widths including the sign bit)."""
+    if family == "ecp5":
+        return math.ceil(a_bits / 18) * math.ceil(b_bits / 18)
+    if family == "ice40":
+        return math.ceil(a_bits / 16) * math.ceil(b_bits / 16)
+    return min(math.ceil(a_bits / 25) * math.ceil(b_bits / 18),
+               math.ceil(a_bits / 18) * math.ceil(b_bits / 25))
+
+
+# -- block estimates ------------------------------------------------------------------------
+def _array(cfg: AcceleratorConfig, family, tag_bits):
+    R, C = cfg.rows, cfg.cols
+    I, W, A = cfg.input_bits, cfg.weight_bits, cfg.acc_bits
+    P = I + W
+    e = [min(A, P) if r == 0 else min(A, P + 1) if r == 1 else A for r in range(R)]
+    L = R + C + 2
+    ctrl_ff = 1 + _clog2(R + C + 1) + _clog2(R)
+    common_ff = (I * R * (R + 1) // 2          # skew
+                 + (R + C - 1)                 # merged `first` flags
+                 + e[-1] * C * (C - 1) // 2    # deskew
+                 + L * (1 + tag_bits)          # valid / tag lines
+                 + ctrl_ff)
+    dsp = R * C * _mults(family, I, W)
+    if family in ("ecp5", "ice40"):
+        ff = common_ff + R * C * (I + 2 * W + P) + C * sum(e)
+        # partial-sum adders: row 1 is P+1 wide, then widening to acc_bits (fitted)
+        add_bits = C * sum(min(A, P + 1 + 4 * (r - 1)) for r in range(1, R))
+        if family == "ecp5":
+            lut = 2 * C * sum(math.ceil(min(A, P + 1 + 4 * (r - 1)) / 2) for r in range(1, R))
+            lut += 25 + 2 * (R + C) + 2 * R * C // 8
+            lut += 4 * C * (R - 1)   # nextpnr adds carry feed-in/out cells to each chain
+        else:
+            lut = add_bits + 15 + 2 * (R + C) + R * C
+    else:  # xc7: product/psum registers and adders live in the DSP48E1 cascade
+        # fitted on 2x2..8x8: per PE the shadow weight plus the share of activation
+        # registers not absorbed as DSP input registers
+        ff = common_ff + R * C * (W + (I - (2 * I) // C if C >= 2 else 0))
+        lut = 8 + 2 * (R + C)
+    return {"lut": lut, "ff": ff, "dsp": dsp}
+
+
+#: Measured cost of one requantizer lane (hw/postproc.py), beyond its multipliers.
+_RQ_LANE = {"ecp5": {"lut": 627, "ff": 249}, "ice40": {"lut": 533, "ff": 249},
+            "xc7": {"lut": 372, "ff": 218}}
+
+#: Block RAM geometries (depth, width, byte-enable slot width or 0).
+_BRAM_GEOM = {
+    "ecp5": [(16384, 1, 0), (8192, 2, 0), (4096, 4, 0), (2048, 9, 0), (1024, 18, 9), (512, 36, 9)],
+    "ice40": [(2048, 2, 0), (1024, 4, 0), (512, 8, 0), (256, 16, 1)],
+    # RAMB18E1 halves, counted as 0.5 RAMB36E1 below
+    "xc7": [(16384, 1, 0), (8192, 2, 0), (4096, 4, 0), (2048, 9, 0), (1024, 18, 9), (512, 36, 9)],
+}
+
+
+def memory_blocks(family, width, depth, granularity=None):
+    """Block RAMs for a ``depth`` x ``width`` memory with one write and one read port.
+
+    ``granularity`` is the write-enable granularity in bits (None: whole row).
+    """
+    g = granularity if granularity and granularity < width else width
+    groups = math.ceil(width / g)
+    best = None
+    for d, w, be in _BRAM_GEOM[family]:
+        if be:
+            slots = groups * math.ceil(g / be)
+            per_block = w // be
+            n = math.ceil(slots / per_block)
+        else:
+            n = groups * math.ceil(g / w)
+        n *= math.ceil(depth / d)
+        best = n if best is None else min(best, n)
+    if family == "xc7":
+        return best / 2
+    return best
+
+
+def _scratchpads(cfg: AcceleratorConfig, family):
+    """(block RAMs, LUT, FF) of the scratchpads and the accumulator memory."""
+    bus = cfg.bus_bits
+    mems = [  # (name, write unit, read unit)
+        ("act_kib", bus, cfg.rows * cfg.input_bits),
+        ("wgt_kib", bus, cfg.cols * cfg.weight_bits),
+        ("out_kib", cfg.cols * cfg.input_bits, bus),
+        ("aux_kib", bus, cfg.cols * 64),
+    ]
+    bram = lut = ff = 0
+    for name, wu, ru in mems:
+        if not hasattr(cfg, name):
+            continue
+        row = max(wu, ru)
+        depth = (getattr(cfg, name) * 8192) // row
+        bram += memory_blocks(family, row, depth, wu if wu < row else None)
+        lut += 2 * wu + (ru * _clog2(row // ru) if ru < row else 0) + 30
+        ff += 2 * wu + 16
+    acc_depth = cfg.sp_depth("acc_kib")
+    bram += memory_blocks(family, cfg.cols * cfg.acc_bits, acc_depth)
+    return bram, lut, ff
+
+
+#: DMA + CSR + controller + compute-engine control, per family: (lut, ff, lut per bus bit,
+#: ff per bus bit). Calibrated against the synthesized accelerator (docs/boards.md).
+_GLUE = {"ecp5": (4000, 3500, 6, 6), "ice40": (4000, 3500, 6, 6), "xc7": (2500, 3500, 4, 6)}
+
+
+def estimate(cfg: AcceleratorConfig, board, top=None):
+    """Estimated ``{"lut", "ff", "dsp", "bram"[, "spram"]}`` of ``top`` on ``board``'s family.
+
+    ``top`` is ``"array"`` (the bare systolic array, as ``dnnfab generate --top array``
+    builds it, with an 8-bit tag) or ``"accelerator"`` (default).
+    """
+    board = get_board(board)
+    fam = board.family
+    top = top or _TOP.get()
+    if top == "array":
+        est = _array(cfg, fam, tag_bits=8)
+        est["bram"] = 0
+    elif top == "accelerator":
+        est = _array(cfg, fam, tag_bits=0)
+        C = cfg.cols
+        rq = _RQ_LANE[fam]
+        est["dsp"] += C * _mults(fam, cfg.acc_bits, 17)
+        est["lut"] += C * rq["lut"]
+        est["ff"] += C * rq["ff"]
+        bram, lut, ff = _scratchpads(cfg, fam)
+        gl, gf, gl_bus, gf_bus = _GLUE[fam]
+        est["bram"] = bram
+        est["lut"] += lut + gl + gl_bus * cfg.bus_bits
+        est["ff"] += ff + gf + gf_bus * cfg.bus_bits
+    else:
+        raise ConfigError(f"unknown top {top!r}; use accelerator or array")
+    if fam == "ice40":
+        # a logic cell holds one LUT4 and one FF; most FFs here are fed by other FFs or
+        # DSPs, so they need a cell of their own (packing pairs only LUT->FF chains)
+        est["lut"] = est["lut"] + int(0.85 * est["ff"])
+        est.setdefault("spram", 0)
+    est = {k: (int(math.ceil(v)) if k != "bram" or fam != "xc7" else v) for k, v in est.items()}
+    return est
+
+
+# -- fit check ------------------------------------------------------------------------------
+def _budget(board: Board, name):
+    avail = board.resources.get(name, 0)
+    return int(avail * UTILISATION_LIMIT.get(name, 1.0))
+
+
+def fit_report(cfg, board, top=None):
+    """``{resource: {"need", "available", "budget", "ok"}}`` for every resource."""
+    board = get_board(board)
+    est = estimate(cfg, board, top)
+    out = {}
+    for k, need in est.items():
+        avail = board.resources.get(k, 0)
+        budget = _budget(board, k)
+        out[k] = {"need": need, "available": avail, "budget": budget, "ok": need <= budget}
+    return out
+
+
+def _describe(cfg, top):
+    what = "array" if top == "array" else "accelerator"
+    return f"a {cfg.rows}x{cfg.cols} int{cfg.input_bits} {what}"
+
+
+def _pow2_upto(n):
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def max_array(board, base=None, top=None, fixed=None):
+    """Largest (rows, cols) power-of-two array that fits ``board`` with ``base`` settings.
+
+    ``fixed`` may pin ``rows`` or ``cols``. Returns ``(cfg, report)`` or ``(None, None)``.
+    """
+    board = get_board(board)
+    base = dict(base or {})
+    fixed = dict(fixed or {})
+    cands = []
+    for r in _pow2_upto(128):
+        for c in _pow2_upto(128):
+            if fixed.get("rows", r) != r or fixed.get("cols", c) != c:
+                continue
+            cands.append((r, c))
+    # most MACs first; among equals prefer square, then more rows (longer reduction)
+    cands.sort(key=lambda rc: (-rc[0] * rc[1], abs(math.log2(rc[0]) - math.log2(rc[1])), -rc[0]))
+    for r, c in cands:
+        d = dict(base, rows=r, cols=c)
+        try:
+            cfg = AcceleratorConfig.from_dict(d)
+        except ConfigError:
+            continue
+        rep = fit_report(cfg, board, top)
+        if all(v["ok"] for v in rep.values()):
+            return cfg, rep
+    return None, None
+
+
+def check_fit(cfg: AcceleratorConfig, board, top=None):
+    """Raise :class:`FitError` if ``cfg`` cannot fit ``board`` (analytical, milliseconds)."""
+    board = get_board(board)
+    top = top or _TOP.get()
+    rep = fit_report(cfg, board, top)
+    bad = [k for k in ("dsp", "bram", "spram", "lut", "ff") if k in rep and not rep[k]["ok"]]
+    if not bad:
+        return rep
+    k = max(bad, key=lambda n: rep[n]["need"] / max(1, rep[n]["budget"]))
+    r = rep[k]
+    prim = _PRIMITIVE[board.family].get(k, k)
+    have = (f"has {r['available']} {prim}" if r["budget"] >= r["available"]
+            else f"has {r['available']} {prim} ({r['budget']} usable at "
+                 f"{int(UTILISATION_LIMIT[k] * 100)}%)")
+    fix = "use --rows auto --cols auto"
+    best, _ = max_array(board, {f: v for f, v in cfg.to_dict().items() if f not in ("rows", "cols")}, top)
+    if best is not None:
+        fix += f" or at most {best.rows}x{best.cols}"
+    if k == "bram":
+        fix = ("make the scratchpads smaller (--act-kib/--wgt-kib/--acc-kib/--out-kib) or "
+               "use --rows auto --cols auto to size them too")
+    elif best is None:
+        fix = f"no {top} configuration fits {board.fpga.part}; choose a larger board (see `dnnfab boards`)"
+    raise FitError(f"{board.fpga.part} {have}; {_describe(cfg, top)} needs {r['need']}; {fix}")
+
+
+# -- auto-sizing ----------------------------------------------------------------------------
+_SP_FIELDS = ("act_kib", "wgt_kib", "acc_kib", "out_kib")
+
+
+def _with_buffers(board, d, top, explicit):
+    """Largest power-of-two scratchpads (default 4:4:4:2 ratio) that fit next to the array."""
+    if top == "array" or all(f in explicit for f in _SP_FIELDS):
+        try:
+            return AcceleratorConfig.from_dict(d)
+        except ConfigError:
+            return None
+    defaults = AcceleratorConfig().to_dict()
+    ratio = {f: defaults[f] / defaults["act_kib"] for f in _SP_FIELDS}
+    best = None
+    for act in (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1):
+        dd = dict(d)
+        for f in _SP_FIELDS:
+            if f not in explicit:
+                dd[f] = max(1, int(act * ratio[f]))
+        try:
+            cfg = AcceleratorConfig.from_dict(dd)
+        except ConfigError:
+            continue
+        rep = fit_report(cfg, board, top)
+        if all(v["ok"] for v in rep.values()):
+            best = cfg
+            break
+    return best
+
+
+def autosize(board, base, auto_fields, top=None):
+    """Config with the largest array (and scratchpads) that fits ``board``.
+
+    ``base`` is the dict of explicitly given config values; ``auto_fields`` lists the
+    fields given as ``auto`` (``rows`` and/or ``cols``). Scratchpad sizes not given
+    explicitly are chosen as the largest powers of two (keeping the default 4:4:4:2
+    ratio) that fit the block RAM left over. Candidates are powers of two (the config
+    requires it, and CNN channel counts are powers of two, so the array stays full).
+    Raises :class:`FitError` when not even a 1x1 array fits.
+    """
+    board = get_board(board)
+    top = top or _TOP.get()
+    unknown = [f for f in auto_fields if f not in ("rows", "cols")]
+    if unknown:
+        raise ConfigError(f"only --rows and --cols can be 'auto' (got {', '.join(unknown)})")
+    base = dict(base)
+    base.setdefault("clock_mhz", board.clock_mhz)
+    explicit = set(base)
+    fixed = {f: base[f] for f in ("rows", "cols") if f in base and f not in auto_fields}
+    cands = []
+    for r in _pow2_upto(128):
+        for c in _pow2_upto(128):
+            if fixed.get("rows", r) == r and fixed.get("cols", c) == c:
+                cands.append((r, c))
+    cands.sort(key=lambda rc: (-rc[0] * rc[1], abs(math.log2(rc[0]) - math.log2(rc[1])), -rc[0]))
+    for r, c in cands:
+        d = dict(base, rows=r, cols=c)
+        try:                           # cheap DSP pre-filter before sizing buffers
+            probe = AcceleratorConfig.from_dict(d)
+        except ConfigError:
+            probe = None
+        if probe is not None and estimate(probe, board, top)["dsp"] > _budget(board, "dsp"):
+            continue
+        cfg = _with_buffers(board, d, top, explicit)
+        if cfg is not None:
+            rep = fit_report(cfg, board, top)
+            if all(v["ok"] for v in rep.values()):
+                return cfg
+    one = AcceleratorConfig.from_dict(dict(base, rows=1, cols=1, **{f: 1 for f in _SP_FIELDS if f not in explicit}))
+    check_fit(one, board, top)   # raises with the limiting resource
+    raise FitError(f"no configuration fits {board.fpga.part}; choose a larger board (see `dnnfab boards`)")

@@ -1,0 +1,187 @@
+"""cocotb testbench: whole layers through the generated accelerator, DRAM to DRAM.
+
+The DUT's AXI4 master talks to a cocotbext-axi ``AxiRam`` (the DRAM); the testbench is
+the host: it writes the program, weights and input into DRAM, programs the registers over
+AXI4-Lite (``AxiLiteMaster``), starts, waits for the interrupt (bounded), then checks
+
+* the int8 output region equals :meth:`ConvLayer.reference` bit for bit, and every
+  byte of the output region's padding and of DRAM beyond it is untouched;
+* the performance counters equal what the testbench observed / can derive.
+
+Parameters (``DNNFAB_PARAMS``): ``config`` (AcceleratorConfig dict), ``layers``: list of
+``{"cin", "cout", "k", "stride", "pad", "hw", "dilation", "seed"}``, optional ``report``
+(JSON path), ``inject``: error-injection case (see :func:`error_cases`).
+"""
+
+import json
+import time
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import RisingEdge, ClockCycles, ReadOnly
+from cocotbext.axi import AxiBus, AxiRam, AxiLiteBus, AxiLiteMaster
+from cocotbext.axi.constants import AxiResp
+import numpy as np
+
+from dnnfab.cosim import params
+from dnnfab.hw.config import AcceleratorConfig
+from dnnfab.hw.regmap import accelerator_regmap, COUNTERS
+from dnnfab.sw.layer import random_layer
+from dnnfab.sw.program import compile_layer
+
+GUARD = 0xA5
+
+
+class Host:
+    def __init__(self, dut, cfg, mem_size):
+        self.dut = dut
+        self.cfg = cfg
+        self.regs = accelerator_regmap(cfg)
+        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi_"), dut.clk, dut.rst, size=mem_size)
+        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil_"), dut.clk, dut.rst)
+        self.cycle = 0
+
+    async def count_cycles(self):
+        watch = []
+        if params().get("xwatch"):
+            for path in params()["xwatch"]:
+                h = self.dut
+                for part in path.split("."):
+                    h = getattr(h, part)
+                watch.append((path, h))
+        reported = set()
+        while True:
+            await RisingEdge(self.dut.clk)
+            self.cycle += 1
+            for path, h in watch:
+                if path not in reported and not h.value.is_resolvable:
+                    reported.add(path)
+                    self.dut._log.error(f"X: {path} at cycle {self.cycle}")
+
+    def dump_state(self):
+        """Log internal state (hierarchical names of the generated Verilog) after a hang."""
+        names = {
+            "controller": ["running", "requested", "dispatched", "tok_l2c", "tok_c2l", "tok_c2s", "tok_s2c",
+                           "reserved", "insn_valid", "stopped", "all_idle", "comp_ok", "c_idle"],
+            "compute": ["dstate", "started", "a_ahead", "w_ahead", "idle"],
+            "dma": ["busy", "error"],
+        }
+        for block, sigs in names.items():
+            h = getattr(self.dut, block)
+            vals = {}
+            for sname in sigs:
+                try:
+                    vals[sname] = int(getattr(h, sname).value)
+                except Exception as exc:  # noqa: BLE001 - best effort diagnostics
+                    vals[sname] = f"? {exc}"[:60]
+            self.dut._log.error(f"{block}: {vals}")
+
+    def off(self, name):
+        return self.regs[name].offset
+
+    async def wr(self, name, value):
+        await self.axil.write_dword(self.off(name), value & 0xFFFFFFFF)
+
+    async def rd(self, name):
+        return await self.axil.read_dword(self.off(name))
+
+    async def counter(self, name):
+        lo = await self.rd(f"{name}_LO")
+        hi = await self.rd(f"{name}_HI")
+        return lo | (hi << 32)
+
+    async def run(self, prog_base, prog_len, out_lo, out_hi, limit):
+        await self.wr("PROG_BASE", prog_base)
+        await self.wr("PROG_LEN", prog_len)
+        await self.wr("OUT_LO", out_lo)
+        await self.wr("OUT_HI", out_hi)
+        await self.wr("IRQ_ENABLE", 3)
+        await self.wr("IRQ_STATUS", 3)
+        await self.wr("CTRL", 1)
+        t0 = self.cycle
+        while not self.dut.irq.value:
+            await RisingEdge(self.dut.clk)
+            if self.cycle - t0 > limit:
+                self.dump_state()
+                status = await self.rd("STATUS")
+                raise AssertionError(f"accelerator hung: no interrupt after {limit} cycles, STATUS={status:#x}")
+        t1 = self.cycle
+        status = await self.rd("STATUS")
+        return status, t1 - t0
+
+
+async def setup(dut, cfg, mem_size):
+    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    host = Host(dut, cfg, mem_size)
+    cocotb.start_soon(host.count_cycles())
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, 5)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, 5)
+    assert await host.rd("ID") == 0x444E4E46, "ID register does not read 'DNNF'"
+    return host
+
+
+def expected_rd_bytes(prog, cfg):
+    from dnnfab.hw.controller import FETCH_CHUNK
+    load_bytes = sum(i.len0 * i.n1 * i.n2 for i in prog.insns if type(i).__name__ == "Load") * cfg.bus_bytes
+    return load_bytes + len(prog.insns) * 32
+
+
+@cocotb.test()
+async def layers(dut):
+    p = params()
+    cfg = AcceleratorConfig.from_dict(p["config"])
+    specs = p["layers"]
+    progs = []
+    for s in specs:
+        rng = np.random.default_rng(s["seed"])
+        layer = random_layer(rng, s["cin"], s["cout"], k=s["k"], stride=s["stride"], pad=s["pad"],
+                             in_hw=tuple(s["hw"]), dilation=s.get("dilation", 1), name=s.get("name", "conv"))
+        x = layer.random_input(rng)
+        progs.append((layer, x, compile_layer(layer, cfg)))
+    mem = 1 << max(16, (max(pr.dram_size for _, _, pr in progs) + 8192 - 1).bit_length())
+    host = await setup(dut, cfg, mem)
+    report = []
+    for (layer, x, prog), s in zip(progs, specs):
+        host.ram.write(0, bytes([GUARD]) * mem)
+        for addr, blob in prog.dram_images(x):
+            host.ram.write(addr, blob)
+        out_addr, out_size = prog.regions["output"]
+        # the hardware may only write its output region
+        t_wall = time.monotonic()
+        status, cycles = await host.run(prog.regions["program"][0], len(prog.insns), out_addr,
+                                        out_addr + out_size, limit=20 * prog.hw_macs // (cfg.rows * cfg.cols) + 200000)
+        wall = time.monotonic() - t_wall
+        assert status & 0x4 == 0, f"error bit set: STATUS={status:#x}, ERROR_INFO={await host.rd('ERROR_INFO'):#x}"
+        assert status & 0x2, f"DONE not set: STATUS={status:#x}"
+        raw = host.ram.read(out_addr, out_size)
+        y = prog.unpack_output(raw)
+        ref = layer.reference(x)
+        if not np.array_equal(y, ref):
+            bad = np.argwhere(y != ref)
+            raise AssertionError(f"{s}: {len(bad)} of {ref.size} outputs differ; first (h,w,c) {bad[:4].tolist()} "
+                                 f"got {[int(y[tuple(i)]) for i in bad[:4]]} want {[int(ref[tuple(i)]) for i in bad[:4]]}")
+        # padding channels of the output stay as computed (zero-weight lanes) but nothing
+        # outside the output region may change
+        whole = host.ram.read(0, mem)
+        outside = np.frombuffer(whole, np.uint8).copy()
+        outside[out_addr:out_addr + out_size] = GUARD
+        for addr, blob in prog.dram_images(x):
+            outside[addr:addr + len(blob)] = GUARD
+        assert np.all(outside == GUARD), "DRAM outside the output region was modified"
+        counters = {n: await host.counter(n) for n in COUNTERS}
+        assert counters["MACS"] == prog.hw_macs, (counters["MACS"], prog.hw_macs)
+        assert counters["BUSY_CYCLES"] == prog.array_beats
+        assert counters["INSNS"] == len(prog.insns)
+        assert counters["DMA_RD_BYTES"] == expected_rd_bytes(prog, cfg), (counters["DMA_RD_BYTES"], expected_rd_bytes(prog, cfg))
+        st_bytes = sum(i.len0 * i.n1 * i.n2 for i in prog.insns if type(i).__name__ == "Store") * cfg.bus_bytes
+        assert counters["DMA_WR_BYTES"] == st_bytes
+        # CYCLES counts START..DONE; the testbench sees the interrupt one or two cycles later
+        assert 0 <= cycles - counters["CYCLES"] <= 3, (cycles, counters["CYCLES"])
+        report.append({"layer": s, "cycles": counters["CYCLES"], "macs": layer.macs, "hw_macs": prog.hw_macs,
+                       "counters": counters, "tb_cycles": cycles, "wall_s": wall, "bit_exact": True})
+        await host.wr("IRQ_STATUS", 3)
+    if p.get("report"):
+        with open(p["report"], "w") as f:
+            json.dump(report, f, indent=1)

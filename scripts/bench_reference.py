@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Wall time of the integer reference network vs onnxruntime float, batch 1.
+
+For each of the nine ONNX "light" zoo models (weights randomized so activations are not
+degenerate; timing does not depend on the values): import, quantize with a few random
+calibration samples, then time ``QuantizedGraph.run_int`` (the golden integer network,
+input quantization included) against an onnxruntime float session of the original model
+with the same thread count. Reports the median of ``--repeat`` runs after one warm-up.
+
+    python scripts/bench_reference.py [--json] [--models resnet50,squeezenet] [--threads 2]
+
+Target: reference <= 2x onnxruntime float on every model (the ``ratio`` column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--models", default="", help="comma-separated subset of the nine")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--engine", default="auto", choices=["auto", "numpy", "ort"])
+    args = ap.parse_args(argv)
+    os.environ["DNNFAB_THREADS"] = str(args.threads)
+
+    import numpy as np
+    import onnxruntime as ort
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tests", "sw"))
+    import models_helper as mh
+    import dnnfab
+    from dnnfab.sw import reference
+
+    reference.set_engine(args.engine)
+    names = [n for n in args.models.split(",") if n] or mh.LIGHT_MODELS
+    results = []
+    for name in names:
+        model = mh.randomized(name)
+        g = dnnfab.load(model, name=name)
+        rng = np.random.default_rng(0)
+        shape = g.inputs[0].shape
+        q = dnnfab.quantize(g, calibration=rng.standard_normal((2,) + shape[1:]).astype(np.float32))
+        feed = {g.inputs[0].name: rng.standard_normal(shape).astype(np.float32)}
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = args.threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+
+        def t_ort():
+            sess.run(None, feed)
+
+        def t_ref():
+            q.run_int(feed)
+
+        def med(fn):
+            fn()
+            ts = []
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return statistics.median(ts)
+
+        # interleave to share machine-load noise
+        tr, to = med(t_ref), med(t_ort)
+        row = dict(model=name, reference_ms=round(tr * 1e3, 3), onnxruntime_float_ms=round(to * 1e3, 3),
+                   ratio=round(tr / to, 2), layers=len(q.layers), threads=args.threads)
+        results.append(row)
+        if not args.json:
+            print(f"{name:14s} reference {tr * 1e3:8.2f} ms   onnxruntime float {to * 1e3:8.2f} ms"
+                  f"   ratio {tr / to:5.2f}", flush=True)
+    summary = dict(results=results, max_ratio=max(r["ratio"] for r in results),
+                   target_ratio=2.0, engine=args.engine,
+                   all_within_target=all(r["ratio"] <= 2.0 for r in results))
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(f"max ratio {summary['max_ratio']} (target <= 2.0)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
