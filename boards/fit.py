@@ -180,9 +180,15 @@ def _scratchpads(cfg: AcceleratorConfig, family):
     return bram, lut, ff
 
 
-#: DMA + CSR + controller + compute-engine control, per family: (lut, ff, lut per bus bit,
-#: ff per bus bit). Calibrated against the synthesized accelerator (docs/boards.md).
-_GLUE = {"ecp5": (4000, 3500, 6, 6), "ice40": (4000, 3500, 6, 6), "xc7": (2500, 3500, 4, 6)}
+#: DMA + CSR + controller + compute-engine control and FIFOs, per family:
+#: (lut, ff, lut per bus bit, ff per bus bit, lut per lane, ff per lane, dsp), where a
+#: "lane" is (rows + cols) / 2. Fitted to yosys synthesis of hw/top.py at 4x4 and 8x8
+#: (bus 128); the DSPs are the compute engine's address multipliers. See docs/boards.md.
+_GLUE = {
+    "ecp5": (5362, 3384, 6, 6, 70, 143, 14),
+    "ice40": (5362, 3384, 6, 6, 70, 143, 14),
+    "xc7": (2500, 3500, 4, 6, 40, 140, 14),
+}
 
 
 def estimate(cfg: AcceleratorConfig, board, top=None):
@@ -205,10 +211,12 @@ def estimate(cfg: AcceleratorConfig, board, top=None):
         est["lut"] += C * rq["lut"]
         est["ff"] += C * rq["ff"]
         bram, lut, ff = _scratchpads(cfg, fam)
-        gl, gf, gl_bus, gf_bus = _GLUE[fam]
+        gl, gf, gl_bus, gf_bus, gl_lane, gf_lane, gdsp = _GLUE[fam]
+        lanes = (cfg.rows + cfg.cols) / 2
         est["bram"] = bram
-        est["lut"] += lut + gl + gl_bus * cfg.bus_bits
-        est["ff"] += ff + gf + gf_bus * cfg.bus_bits
+        est["dsp"] += gdsp
+        est["lut"] += lut + gl + gl_bus * cfg.bus_bits + gl_lane * lanes
+        est["ff"] += ff + gf + gf_bus * cfg.bus_bits + gf_lane * lanes
     else:
         raise ConfigError(f"unknown top {top!r}; use accelerator or array")
     if fam == "ice40":

@@ -185,3 +185,105 @@ async def layers(dut):
     if p.get("report"):
         with open(p["report"], "w") as f:
             json.dump(report, f, indent=1)
+
+
+def error_layer(cfg):
+    rng = np.random.default_rng(11)
+    layer = random_layer(rng, 8, 8, k=3, stride=1, pad=1, in_hw=(6, 6))
+    x = layer.random_input(rng)
+    return layer, x, compile_layer(layer, cfg)
+
+
+@cocotb.test()
+async def errors(dut):
+    """Fault injection: each case ends with the right code, DONE and the error interrupt,
+    within a bounded number of cycles, with DRAM outside the output window untouched;
+    a soft reset then brings the accelerator back (a clean run is bit-exact)."""
+    p = params()
+    cfg = AcceleratorConfig.from_dict(p["config"])
+    layer, x, prog = error_layer(cfg)
+    mem = 1 << max(16, (prog.dram_size + 8192).bit_length())
+    host = await setup(dut, cfg, mem)
+    out_addr, out_size = prog.regions["output"]
+    prog_addr = prog.regions["program"][0]
+    limit = 50000
+    figures = {}
+
+    def load_images():
+        host.ram.write(0, bytes([GUARD]) * mem)
+        for addr, blob in prog.dram_images(x):
+            host.ram.write(addr, blob)
+
+    def untouched_outside(lo, hi):
+        whole = np.frombuffer(host.ram.read(0, mem), np.uint8).copy()
+        whole[lo:hi] = GUARD
+        for addr, blob in prog.dram_images(x):
+            whole[addr:addr + len(blob)] = GUARD
+        return bool(np.all(whole == GUARD))
+
+    async def recover():
+        await host.wr("CTRL", 2 | 4)         # soft reset + clear error
+        await ClockCycles(dut.clk, 4)
+        await host.wr("IRQ_STATUS", 3)
+
+    async def expect_error(code, what, lo=out_addr, hi=out_addr + out_size, n_insns=len(prog.insns)):
+        status, cycles = await host.run(prog_addr, n_insns, out_addr, hi, limit)
+        got = (status >> 8) & 0xFF
+        assert status & 0x4, f"{what}: ERROR not set (STATUS={status:#x})"
+        assert status & 0x2 and not status & 0x1, f"{what}: expected DONE and not BUSY (STATUS={status:#x})"
+        assert got == code, f"{what}: error code {got}, expected {code}"
+        irq = await host.rd("IRQ_STATUS")
+        assert irq & 0x2, f"{what}: error interrupt not raised (IRQ_STATUS={irq:#x})"
+        assert untouched_outside(lo, hi), f"{what}: DRAM outside [{lo:#x}, {hi:#x}) was modified"
+        figures[what] = {"code": got, "cycles_to_irq": cycles, "error_info": await host.rd("ERROR_INFO")}
+        await recover()
+
+    # 1. SLVERR on one read beat of the weights
+    load_images()
+    bad = prog.regions["weights"][0] + cfg.bus_bytes * 3
+    orig_read = host.ram.read_if._read
+
+    async def bad_read(address, length):
+        if address == bad:
+            raise IOError("injected read error")
+        return await orig_read(address, length)
+
+    host.ram.read_if._read = bad_read
+    await expect_error(1, "axi_read_slverr")
+    host.ram.read_if._read = orig_read
+    assert figures["axi_read_slverr"]["error_info"] == bad
+
+    # 2. SLVERR on a write beat of the output
+    load_images()
+    badw = out_addr + cfg.bus_bytes
+    orig_write = host.ram.write_if._write
+
+    async def bad_write(address, data):
+        if address <= badw < address + len(data):
+            raise IOError("injected write error")
+        return await orig_write(address, data)
+
+    host.ram.write_if._write = bad_write
+    await expect_error(2, "axi_write_slverr")
+    host.ram.write_if._write = orig_write
+
+    # 3. illegal opcode in the middle of the program
+    load_images()
+    k = len(prog.insns) // 2
+    host.ram.write(prog_addr + 32 * k, (7).to_bytes(32, "little"))
+    await expect_error(3, "illegal_opcode")
+    assert figures["illegal_opcode"]["error_info"] == k
+
+    # 4. store outside the output window (window one beat short)
+    load_images()
+    await expect_error(5, "outside_window", hi=out_addr + out_size - cfg.bus_bytes)
+
+    # 5. clean run after the faults
+    load_images()
+    status, cycles = await host.run(prog_addr, len(prog.insns), out_addr, out_addr + out_size, limit)
+    assert status & 0x6 == 0x2, f"clean run after faults: STATUS={status:#x}"
+    y = prog.unpack_output(host.ram.read(out_addr, out_size))
+    assert np.array_equal(y, layer.reference(x)), "clean run after faults is not bit-exact"
+    if p.get("report"):
+        with open(p["report"], "w") as f:
+            json.dump(figures, f, indent=1)

@@ -76,7 +76,7 @@ class Bench:
         assert resp.resp == AxiResp.OKAY, (hex(offset), resp.resp)
 
 
-@cocotb.test()
+@cocotb.test(timeout_time=2, timeout_unit="ms")
 async def registers(dut):
     b = Bench(dut)
     await b.start()

@@ -269,6 +269,8 @@ class Controller(wiring.Component):
             with m.Elif(~stopped & self.fault):
                 m.d.sync += [stopped.eq(1), self.error.eq(1), self.error_code.eq(self.fault_code),
                              self.error_info.eq(self.fault_info)]
-            with m.If(stopped | all_idle):
+            # after an error, finish only once the DMA has drained its outstanding bursts
+            # (a soft reset before that would leave responses in flight on the bus)
+            with m.If((stopped & ~self.dma_busy) | all_idle):
                 m.d.sync += [running.eq(0), self.done.eq(1)]
         return m

@@ -283,7 +283,7 @@ class CSRBank(wiring.Component):
         w_data = Signal(32)
         w_strb = Signal(4)
         m.d.comb += [
-            bus.awready.eq(1),
+            bus.awready.eq(~aw_full),
             bus.wready.eq(~w_full),
             bus.bresp.eq(RESP_OKAY),
             bus.rresp.eq(RESP_OKAY),

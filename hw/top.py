@@ -143,7 +143,8 @@ class Accelerator(wiring.Component):
         done_q = Signal()
         err_q = Signal()
         m.d.sync += [done_q.eq(ctrl.done), err_q.eq(ctrl.error)]
-        m.d.comb += csr.irq_status_set.eq(Cat(ctrl.done & ~done_q, ctrl.error & ~err_q))
+        # both causes fire when the run has ended (after an error: once the DMA drained)
+        m.d.comb += csr.irq_status_set.eq(Cat(ctrl.done & ~done_q, ctrl.done & ~done_q & ctrl.error))
         m.d.comb += self.irq.eq((csr.irq_status & csr.irq_enable) != 0)
 
         # performance counters (cleared by START)

@@ -38,7 +38,8 @@ from .quantize import (QAvgPool, QClip, QConv, QEltwise, QFloat, QGemm, QLayout,
                        QMaxPool, dequantize_tensor, quantize_tensor, requantize)
 
 K_CHUNK = 1024           # int8*int8 partial sums in float32 stay exact below 2^24
-ORT_MIN_MACS = 1 << 17   # smaller GEMMs are faster in numpy (session call overhead)
+BLOCK_DIAG_MAX_GROUPS = 8
+ORT_MIN_MACS = 1 << 12   # below this numpy BLAS beats the ~5 us session call
 _ENGINE = {"name": os.environ.get("DNNFAB_GEMM_ENGINE", "auto"), "ort_ok": None}
 
 
@@ -99,6 +100,9 @@ class _OrtMatMulInteger:
         so.intra_op_num_threads = _threads()
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        # one small session per layer: idle pool threads must sleep, not spin, or dozens of
+        # spinning pools starve the Python thread between calls
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.sess = ort.InferenceSession(model.SerializeToString(), so,
                                          providers=["CPUExecutionProvider"])
 
@@ -167,7 +171,7 @@ def int_matmul(a_i8, prep):
     """Exact int8 [M, K] x int8 [K, N] -> integer accumulators (int32 or exact float32)."""
     if prep.use_ort(a_i8.shape[0]):
         a_u8 = a_i8.view(np.uint8) ^ np.uint8(0x80)
-        return prep.ort()(a_u8).astype(np.int64) - 128 * prep.colsum
+        return prep.ort()(a_u8) - 128 * prep.colsum
     return prep.matmul_f32(a_i8.astype(np.float32))
 
 
@@ -184,10 +188,24 @@ def _conv_prep(L):
         if depthwise:
             c["wdw"] = np.ascontiguousarray(L.qweight[:, 0].transpose(1, 2, 0)).astype(np.float32)
             c["exact_f32"] = kh * kw * 128 * 127 < 2**24
+        elif 1 < g <= BLOCK_DIAG_MAX_GROUPS:
+            # few groups: one dense GEMM with a block-diagonal weight matrix (zeros are
+            # exact) beats g separate calls plus the per-group column copies
+            cin = cig * g
+            dense = np.zeros((kh, kw, cin, cout), np.int8)
+            for i in range(g):
+                dense[:, :, i * cig:(i + 1) * cig, i * cog:(i + 1) * cog] = \
+                    L.qweight[i * cog:(i + 1) * cog].transpose(2, 3, 1, 0)
+            c["groups"] = [PreparedGemm(dense.reshape(kh * kw * cin, cout))]
+            c["block_diag"] = True
         else:
             c["groups"] = [PreparedGemm(
                 L.qweight[i * cog:(i + 1) * cog].transpose(2, 3, 1, 0).reshape(kh * kw * cig, cog))
                 for i in range(g)]
+        if not depthwise:
+            # bias for the uint8 (+128) activations of the onnxruntime engine
+            colsum = np.concatenate([p.colsum for p in c["groups"]])
+            c["bias_u8"] = L.bias.astype(np.int64) - 128 * colsum
         c["prep"] = True
     return c
 
@@ -215,20 +233,32 @@ def qconv_int(x, L):
     m = n_ * ho * wo
     use_ort = groups[0].use_ort(m)
     if use_ort:
-        xp = pad_nhwc(x.view(np.uint8) ^ np.uint8(0x80), L.pad, np.uint8(L.zx + 128))
+        xs = x.view(np.uint8) ^ np.uint8(0x80)  # int8 -> uint8 (+128), a fresh copy
+        zpad = np.uint8(L.zx + 128)
     else:
-        xp = pad_nhwc(x, L.pad, L.zx).astype(np.float32)
-    win = windows_nhwc(xp, kh, kw, L.stride, L.dilation, ho, wo)
+        xs = x.astype(np.float32)
+        zpad = np.float32(L.zx)
+    if kh == 1 and kw == 1 and not any(L.pad):  # 1x1: no im2col, just (strided) rows
+        sub = xs[:, ::L.stride[0], ::L.stride[1], :][:, :ho, :wo, :]
+        cols_all = np.ascontiguousarray(sub).reshape(m, cin)
+        win = None
+    else:
+        xp = pad_nhwc(xs, L.pad, zpad)
+        win = windows_nhwc(xp, kh, kw, L.stride, L.dilation, ho, wo)
+    if c.get("block_diag"):
+        cig = cin
     accs = []
     for gi, prep in enumerate(groups):
-        sub = win if len(groups) == 1 else win[..., gi * cig:(gi + 1) * cig]
-        cols = np.ascontiguousarray(sub).reshape(m, kh * kw * cig)
-        if use_ort:
-            accs.append(prep.ort()(cols).astype(np.int64) - 128 * prep.colsum)
+        if win is None:
+            cols = cols_all if len(groups) == 1 else \
+                np.ascontiguousarray(cols_all[:, gi * cig:(gi + 1) * cig])
         else:
-            accs.append(prep.matmul_f32(cols))
+            sub = win if len(groups) == 1 else win[..., gi * cig:(gi + 1) * cig]
+            cols = np.ascontiguousarray(sub).reshape(m, kh * kw * cig)
+        accs.append(prep.ort()(cols) if use_ort else prep.matmul_f32(cols))
     acc = accs[0] if len(accs) == 1 else np.concatenate(accs, axis=1)
-    y = requantize_fast(acc, c["M64"], L.zy, L.lo, L.hi, L.bias)
+    bias = c["bias_u8"] if use_ort else L.bias
+    y = requantize_fast(acc, c["M64"], L.zy, L.lo, L.hi, bias)
     return y.reshape(n_, ho, wo, cout)
 
 
