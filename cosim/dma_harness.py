@@ -6,7 +6,7 @@ numbers at command acceptance and at the done pulses, and counts done pulses and
 so a cocotb bench measures exact cycle counts without sampling every cycle from Python.
 """
 
-from amaranth.hdl import Signal, Module, Cat
+from amaranth.hdl import Module, Cat
 from amaranth.lib import wiring, stream
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out

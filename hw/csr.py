@@ -31,7 +31,7 @@ Port names are the register names in lower case (``CTRL`` -> ``bank.ctrl``); use
 :meth:`CSRBank.port` to look one up by register name.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import json
 import re
 

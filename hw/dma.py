@@ -39,14 +39,17 @@ accepted, as AXI requires), send the W data of every AW already issued, accept e
 outstanding R and B, write nothing more to the scratchpads, emit no more ``*_done``
 pulses and accept no command until ``clear`` and the drain are both complete.
 
-Timing (no bus stalls, measured in co-simulation, see docs/dma_csr.md): a read command
-accepted in cycle 0 presents its first AR in cycle 2; ARs follow one per cycle; the data
-then streams at one beat per cycle as long as the slave returns it so. A write command
-presents its first AW 3 cycles after acceptance (window check) when the write engine is
-idle; its first W beat 4 cycles after acceptance.
+Timing (no bus stalls; deterministic, see docs/dma_csr.md): a read command accepted in
+cycle 0 presents its first AR in cycle 2 and ARs follow one per cycle; each R beat reaches
+``sp_we`` one cycle later, so a contiguous read of N beats finishes (``rd_done``) in cycle
+``N + 2 + L`` where L is the slave's AR-to-first-R latency (2 for cocotbext-axi's AxiRam).
+A write command accepted in cycle 0 presents its first AW in cycle 4 (two cycles of window
+check) and its first W beat in cycle 7 (scratchpad read + W buffer); a contiguous write of
+N beats gets ``wr_done`` in cycle N + 9 against AxiRam. The next command of the same engine
+is accepted once the burst generator has issued the previous command's last burst.
 """
 
-from dataclasses import dataclass, fields as dc_fields
+from dataclasses import dataclass
 
 from amaranth.hdl import Signal, Module, Const, Cat, Mux, Elaboratable, unsigned
 from amaranth.lib import wiring, stream, data

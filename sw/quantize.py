@@ -254,6 +254,7 @@ class QAvgPool:
     is_global: bool = False
     sx: np.float32 = np.float32(1)
     sy: np.float32 = np.float32(1)
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     op = "avgpool"
 
@@ -285,6 +286,7 @@ class QEltwise:
     axis: int = 1
     identity: tuple = ()
     sy: np.float32 = np.float32(1)
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass

@@ -65,8 +65,8 @@ def _mult64(m, n):
 def requantize_fast(acc, M64, zy, lo, hi, bias=None):
     """Exact float64 form of the contract's requantize (see module docstring).
 
-    acc: integer-valued array (int32, or float32/float64 holding exact integers),
-    M64: m * 2**-n broadcastable to acc, bias: int32 added first (optional).
+    acc: integer-valued array (int32/int64, or float32/float64 holding exact integers),
+    M64: m * 2**-n broadcastable to acc, bias: integers added first (optional).
     """
     t = acc.astype(np.float64)
     if bias is not None:
@@ -78,6 +78,37 @@ def requantize_fast(acc, M64, zy, lo, hi, bias=None):
         t += zy
     np.clip(t, lo, hi, out=t)
     return t.astype(np.int8)
+
+
+class Requant:
+    """Precomputed requantize of one layer: ``rq(acc) == requantize(acc + bias, m, n, ...)``.
+
+    Fast form (every n <= 44): ``t = acc * M + C`` with ``C = bias*M + 1/2 + zy + 128``,
+    clamp to ``[lo + 128, hi + 128.5]``, truncate to uint8 and flip the top bit back to
+    int8. Exact: acc*M and bias*M are exact in float64 (< 2^46 * 2^-n), and with n <= 44
+    every intermediate has at most 53 significant bits, so the sum is exact; after the
+    clamp all values are >= 0, where truncation is floor. Larger n (multipliers below
+    2^-30) use :func:`requantize_fast`.
+    """
+
+    def __init__(self, m, n, zy, lo, hi, bias=None):
+        self.M = _mult64(m, n)
+        self.zy, self.lo, self.hi = int(zy), int(lo), int(hi)
+        self.bias = None if bias is None else np.asarray(bias, np.int64)
+        self.fast = int(np.max(n)) <= 44
+        b = 0.0 if bias is None else self.bias.astype(np.float64)
+        self.C = b * self.M + (0.5 + self.zy + 128)
+        self.lo8, self.hi8 = self.lo + 128.0, self.hi + 128.5
+
+    def __call__(self, acc):
+        if not self.fast:
+            return requantize_fast(acc, self.M, self.zy, self.lo, self.hi, self.bias)
+        t = np.multiply(acc, self.M, dtype=np.float64)
+        t += self.C
+        np.clip(t, self.lo8, self.hi8, out=t)
+        u = t.astype(np.uint8)
+        u ^= np.uint8(0x80)
+        return u.view(np.int8)
 
 
 # ====================================================================== int GEMM
@@ -202,10 +233,12 @@ def _conv_prep(L):
             c["groups"] = [PreparedGemm(
                 L.qweight[i * cog:(i + 1) * cog].transpose(2, 3, 1, 0).reshape(kh * kw * cig, cog))
                 for i in range(g)]
+        c["rq"] = Requant(L.m, L.n, L.zy, L.lo, L.hi, L.bias)
         if not depthwise:
             # bias for the uint8 (+128) activations of the onnxruntime engine
             colsum = np.concatenate([p.colsum for p in c["groups"]])
-            c["bias_u8"] = L.bias.astype(np.int64) - 128 * colsum
+            c["rq_u8"] = Requant(L.m, L.n, L.zy, L.lo, L.hi,
+                                 L.bias.astype(np.int64) - 128 * colsum)
         c["prep"] = True
     return c
 
@@ -228,7 +261,7 @@ def qconv_int(x, L):
             for j in range(kw):
                 term = win[:, :, :, i, j, :] * wd[i, j]
                 acc = term if acc is None else np.add(acc, term, out=acc)
-        return requantize_fast(acc, c["M64"], L.zy, L.lo, L.hi, L.bias)
+        return c["rq"](acc)
     groups = c["groups"]
     m = n_ * ho * wo
     use_ort = groups[0].use_ort(m)
@@ -257,8 +290,7 @@ def qconv_int(x, L):
             cols = np.ascontiguousarray(sub).reshape(m, kh * kw * cig)
         accs.append(prep.ort()(cols) if use_ort else prep.matmul_f32(cols))
     acc = accs[0] if len(accs) == 1 else np.concatenate(accs, axis=1)
-    bias = c["bias_u8"] if use_ort else L.bias
-    y = requantize_fast(acc, c["M64"], L.zy, L.lo, L.hi, bias)
+    y = (c["rq_u8"] if use_ort else c["rq"])(acc)
     return y.reshape(n_, ho, wo, cout)
 
 
@@ -298,7 +330,7 @@ def _gemm_prep(L):
     c = L.cache
     if "prep" not in c:
         c["prep"] = PreparedGemm(L.qweight.T)
-        c["M64"] = _mult64(L.m, L.n)
+        c["rq"] = Requant(L.m, L.n, L.zy, L.lo, L.hi, L.bias)
     return c
 
 
@@ -306,7 +338,7 @@ def qgemm_int(x, L):
     """Integer fully connected layer: x int8 [M, K] -> int8 [M, N] (:class:`QGemm`)."""
     c = _gemm_prep(L)
     acc = int_matmul(np.ascontiguousarray(x), c["prep"])
-    return requantize_fast(acc, c["M64"], L.zy, L.lo, L.hi, L.bias)
+    return c["rq"](acc)
 
 
 def qgemm_int_slow(x, L):
@@ -363,8 +395,9 @@ def qavgpool_int(x, L):
                 if i or j:
                     acc += win[:, :, :, i, j, :]
         acc -= L.zx * kh * kw
-    M64 = _mult64(L.m, L.n)[None, :, :, None]
-    return requantize_fast(acc, M64, L.zy, L.lo, L.hi)
+    if "rq" not in L.cache:
+        L.cache["rq"] = Requant(L.m[None, :, :, None], L.n[None, :, :, None], L.zy, L.lo, L.hi)
+    return L.cache["rq"](acc)
 
 
 def qavgpool_int_slow(x, L):
@@ -388,21 +421,28 @@ def qavgpool_int_slow(x, L):
 
 def qeltwise_int(xs, L):
     """Add / concat / rescale (:class:`QEltwise`). ``xs`` are int8 arrays in the same
-    layout; for concat ``axis`` must already be the physical axis (see the executor)."""
-    M64 = _mult64(L.m, L.n)
+    layout; for concat ``axis`` must already be the physical axis (see the executor).
+    The products k*x are exact in float64 (< 2^31) and the zero points are folded into
+    the requantize offset."""
+    c = L.cache
+    if "rq" not in c:
+        kz = [int(k) * int(z) for k, z in zip(L.k, L.z)]
+        if L.op == "add":
+            c["rq"] = Requant(L.m, L.n, L.zy, L.lo, L.hi, np.int64(-sum(kz)))
+        else:
+            c["rqs"] = [Requant(L.m, L.n, L.zy, L.lo, L.hi, np.int64(-v)) for v in kz]
+        c["rq"] = c.get("rq")
     if L.op == "add":
-        acc = None
-        for x, k, z in zip(xs, L.k, L.z):
-            term = (x.astype(np.int64) - int(z)) * int(k)
-            acc = term if acc is None else np.add(acc, term, out=acc)
-        return requantize_fast(acc, M64, L.zy, L.lo, L.hi)
+        acc = np.multiply(xs[0], float(L.k[0]), dtype=np.float64)
+        for x, k in zip(xs[1:], L.k[1:]):
+            acc += np.multiply(x, float(k), dtype=np.float64)
+        return c["rq"](acc)
     outs = []
-    for i, (x, k, z) in enumerate(zip(xs, L.k, L.z)):
+    for i, (x, k) in enumerate(zip(xs, L.k)):
         if L.identity and L.identity[i] and L.lo == -128 and L.hi == 127:
             outs.append(x)
         else:
-            outs.append(requantize_fast((x.astype(np.int64) - int(z)) * int(k), M64, L.zy,
-                                        L.lo, L.hi))
+            outs.append(c["rqs"][i](np.multiply(x, float(k), dtype=np.float64)))
     return outs
 
 

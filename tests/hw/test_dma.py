@@ -4,7 +4,6 @@ in tests/cosim/test_dma_cosim.py) and of the Python :class:`Descriptor` model.""
 import random
 
 import pytest
-from amaranth.hdl import Const
 from amaranth.lib import data
 from amaranth.sim import Simulator
 

@@ -164,6 +164,14 @@ def test_requantize_fast_equals_exact(seed, n, extreme):
     exact = requantize(acc, m, nn, zy, lo, hi)
     fast = R.requantize_fast(acc.astype(np.int32), R._mult64(m, nn), zy, lo, hi)
     np.testing.assert_array_equal(fast, exact)
+    # the precomputed form, with the bias split off the accumulator
+    bias = rng.integers(-2**20, 2**20, 5)
+    lo2, hi2 = sorted(int(v) for v in rng.integers(-128, 128, 2))
+    acc2 = np.clip(acc, -2**31 + 2**20, 2**31 - 2**20)
+    exact2 = requantize(acc2, m, nn, zy, lo2, hi2)
+    rq = R.Requant(m, nn, zy, lo2, hi2, bias)
+    np.testing.assert_array_equal(rq((acc2 - bias).astype(np.int32)), exact2)
+    np.testing.assert_array_equal(rq((acc2 - bias).astype(np.float64)), exact2)
 
 
 @st.composite
