@@ -6,7 +6,8 @@ Sub-commands live next to the code they drive; each of these modules exposes
 * :mod:`dnnfab.hw.cli`     -- ``generate``
 * :mod:`dnnfab.cosim.cli`  -- ``cosim``
 * :mod:`dnnfab.boards.cli` -- ``boards``, ``synth``
-* :mod:`dnnfab.sw.cli`     -- ``models``, ``inspect``, ``run``
+* :mod:`dnnfab.sw.cli`     -- ``models``, ``inspect``
+* :mod:`dnnfab.sw.runcli`  -- ``run`` (the main job)
 
 Any :class:`~dnnfab.errors.DnnfabError` becomes one line on stderr and exit code 2.
 """
@@ -22,6 +23,7 @@ COMMAND_MODULES = (
     "dnnfab.cosim.cli",
     "dnnfab.boards.cli",
     "dnnfab.sw.cli",
+    "dnnfab.sw.runcli",
 )
 
 

