@@ -138,7 +138,7 @@ def _gauss(t, centre, width):
     return np.exp(-0.5 * ((t - centre) / width) ** 2)
 
 
-def _background(rng, t, n, e):
+def _background(rng, t, n, e, artifacts=True):
     """Electrode potentials without a seizure: pink noise, alpha/theta/beta, artifacts."""
     flags = {}
     # Pink background, part common to all electrodes (cancels in bipolar) part local.
@@ -168,12 +168,12 @@ def _background(rng, t, n, e):
         w = np.clip(_EPOS[:, 1] + 0.3, 0, None)
         sig += rng.uniform(2.0, 8.0) * w[:, None] * np.sin(2 * np.pi * fb * t + rng.normal(0, 1, (e, 1)))
     # Eye blink: large slow frontal deflection, 1-3 Hz content (the classic confounder).
-    if rng.random() < 0.3:
+    if artifacts and rng.random() < 0.3:
         width = rng.uniform(0.04, 0.10)
         sig += rng.uniform(80.0, 250.0) * _FRONTAL[:, None] * _gauss(t, rng.uniform(0.0, 1.0), width)
         flags["blink"] = True
     # Muscle (EMG): broadband 20-100 Hz bursts over temporal electrodes.
-    if rng.random() < 0.15:
+    if artifacts and rng.random() < 0.15:
         emg = rng.standard_normal((e, n))
         spec = np.fft.rfft(emg, axis=1)
         f = np.fft.rfftfreq(n, 1.0 / EEG_FS)
@@ -184,13 +184,13 @@ def _background(rng, t, n, e):
         sig += rng.uniform(10.0, 40.0) * _TEMPORAL[:, None] * emg * _gauss(t, c, d)
         flags["muscle"] = True
     # Electrode pop: one electrode, step then exponential decay.
-    if rng.random() < 0.05:
+    if artifacts and rng.random() < 0.05:
         k = rng.integers(e)
         t0 = rng.uniform(0.0, 0.9)
         sig[k] += rng.uniform(50.0, 200.0) * (t >= t0) * np.exp(-(t - t0).clip(0) / rng.uniform(0.05, 0.3))
         flags["pop"] = True
     # Mains interference, slightly different at each electrode.
-    if rng.random() < 0.3:
+    if artifacts and rng.random() < 0.3:
         sig += rng.uniform(0.5, 4.0, size=(e, 1)) * np.sin(2 * np.pi * 60.0 * t + rng.uniform(0, 6.3))
         flags["line"] = True
     return sig, flags
@@ -234,13 +234,14 @@ def _spike_wave(rng, t, e):
     return amp * gain[:, None] * env[None, :] * out, params
 
 
-def eeg_windows(n, seed, *, seizure_fraction=0.5, return_meta=False):
+def eeg_windows(n, seed, *, seizure_fraction=0.5, artifacts=True, return_meta=False):
     """Generate ``n`` **SYNTHETIC** 23-channel, 1 s, 256 Hz scalp-EEG windows.
 
     Returns ``(x, y)``: ``x`` float32 ``[n, 23, 256]`` in microvolts (bipolar montage
     :data:`EEG_CHANNELS`), ``y`` int64 with 1 for a window containing a seizure. Exactly
     ``round(n * seizure_fraction)`` windows are seizures, in shuffled order. With
-    ``return_meta=True`` a third item lists per-window parameters (dicts).
+    ``return_meta=True`` a third item lists per-window parameters (dicts);
+    ``artifacts=False`` leaves out blinks, muscle, pops and mains hum (other draws follow).
 
     This is a signal model, not recorded data. Each window simulates the 21 electrode
     potentials and takes bipolar differences (so P7-T7 = -(T7-P7) and T8-P8 appears twice,
@@ -273,7 +274,7 @@ def eeg_windows(n, seed, *, seizure_fraction=0.5, return_meta=False):
     x = np.empty((n, len(EEG_CHANNELS), EEG_SAMPLES), dtype=np.float32)
     meta = []
     for i in range(n):
-        elec, info = _background(rng, t, EEG_SAMPLES, e)
+        elec, info = _background(rng, t, EEG_SAMPLES, e, artifacts)
         if y[i]:
             sw, params = _spike_wave(rng, t, e)
             elec += sw

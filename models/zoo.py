@@ -40,40 +40,39 @@ class _Entry:
     metrics_file: str = ""
 
 
-_ZOO_PROVENANCE = ("onnx package backend-test model ('light' variant of the ONNX Model Zoo "
-                   "network, Caffe2 export); weights are ConstantOfShape placeholders, not trained")
+# Their weights are ConstantOfShape fills, not trained values (see the module docstring).
+_ZOO_PROVENANCE = "onnx package test data (Caffe2 export, placeholder weights)"
 
 _ENTRIES = (
     _Entry("digits-cnn",
-           "Small CNN for 8x8 handwritten digits (input pixel/16, logits out)",
+           "CNN for 8x8 handwritten digits, input pixel/16",
            "bundled", "digits_cnn.onnx",
-           "trained by scripts/train_digits_cnn.py on sklearn.datasets.load_digits (real data)",
+           "trained here on sklearn load_digits (real data)",
            "classification, 10 classes", ("digits",), "digits_cnn.json"),
     _Entry("eeg-seizure",
-           "1-D CNN seizure detector, 23-ch 1 s 256 Hz EEG windows (input uV/100; SYNTHETIC training data)",
+           "1-D CNN seizure detector, 23-ch 1 s EEG, input uV/100",
            "bundled", "eeg_seizure.onnx",
-           "trained by scripts/train_eeg_seizure.py on SYNTHETIC EEG from "
-           "dnnfab.models.datasets.eeg_windows (no real recordings)",
+           "trained here on SYNTHETIC EEG (datasets.eeg_windows)",
            "detection, 2 classes (background, seizure)", ("eeg",), "eeg_seizure.json"),
-    _Entry("alexnet", "AlexNet (BVLC), ImageNet architecture with LRN and dropout",
+    _Entry("alexnet", "AlexNet (BVLC), with LRN",
            "onnx", "light_bvlc_alexnet.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes",
            ("bvlc-alexnet",)),
-    _Entry("densenet121", "DenseNet-121, ImageNet architecture with batch norm and concat",
+    _Entry("densenet121", "DenseNet-121",
            "onnx", "light_densenet121.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes"),
-    _Entry("inception-v1", "Inception v1 (GoogLeNet), ImageNet architecture",
+    _Entry("inception-v1", "Inception v1 (GoogLeNet)",
            "onnx", "light_inception_v1.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes",
            ("googlenet",)),
-    _Entry("inception-v2", "Inception v2 (BN-Inception), ImageNet architecture",
+    _Entry("inception-v2", "Inception v2 (BN-Inception)",
            "onnx", "light_inception_v2.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes"),
-    _Entry("resnet50", "ResNet-50, ImageNet architecture with residual adds",
+    _Entry("resnet50", "ResNet-50",
            "onnx", "light_resnet50.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes"),
-    _Entry("shufflenet", "ShuffleNet (v1), ImageNet architecture with group conv and channel shuffle",
+    _Entry("shufflenet", "ShuffleNet v1",
            "onnx", "light_shufflenet.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes"),
-    _Entry("squeezenet", "SqueezeNet 1.0, ImageNet architecture with fire modules",
+    _Entry("squeezenet", "SqueezeNet 1.0",
            "onnx", "light_squeezenet.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes"),
-    _Entry("vgg19", "VGG-19, ImageNet architecture (large: 144 M weights once materialized)",
+    _Entry("vgg19", "VGG-19 (144 M weights once folded)",
            "onnx", "light_vgg19.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes"),
-    _Entry("zfnet512", "ZFNet-512, ImageNet architecture with LRN",
+    _Entry("zfnet512", "ZFNet-512, with LRN",
            "onnx", "light_zfnet512.onnx", _ZOO_PROVENANCE, "ImageNet architecture, 1000 classes"),
 )
 
@@ -164,11 +163,11 @@ def _signature(path_str):
 def _metrics_summary(metrics):
     """One short line of the training-time metrics of a bundled model."""
     if "test_accuracy" in metrics:
-        return f"top-1 {100 * metrics['test_accuracy']:.1f}% on {metrics['n_test']} held-out images"
+        return f"top-1 {100 * metrics['test_accuracy']:.1f}% ({metrics['n_test']} held out)"
     test = metrics.get("test", {})
     if "sensitivity" in test:
-        return (f"sensitivity {100 * test['sensitivity']:.1f}%, specificity "
-                f"{100 * test['specificity']:.1f}% on {metrics['n_test']} held-out windows")
+        return (f"sens {100 * test['sensitivity']:.1f}% spec {100 * test['specificity']:.1f}% "
+                f"({metrics['n_test']} held out)")
     return ""
 
 
@@ -207,7 +206,7 @@ def model_info(name):
         info["metrics"] = json.loads((_HERE / entry.metrics_file).read_text())
         info["accuracy"] = _metrics_summary(info["metrics"])
     elif entry.source == "onnx":
-        info["accuracy"] = "n/a (placeholder weights)"
+        info["accuracy"] = "n/a (untrained)"
     return info
 
 

@@ -16,7 +16,8 @@ GlobalAveragePool, Flatten, Gemm)::
     Conv 32->32 1x3 pad 1, Relu, GlobalAveragePool, Flatten, Gemm 32->2
 
 Training: numpy only (scripts/_numpy_cnn.py), Adam with cosine decay, seeded; about
-three minutes on one CPU core (generating the windows takes ~25 s of it). The held-out
+three minutes on an idle 2-core machine (generating the windows takes ~25 s of it; the
+committed run took 21 min wall on a busy shared one), ~1.5 GB of RAM. The held-out
 windows are used once, for the reported metrics. Run::
 
     python scripts/train_eeg_seizure.py            # rewrites the committed files

@@ -124,9 +124,6 @@ def _check_model(model, origin):
     if model.ir_version <= 0 or not g.node or not g.output:
         raise ModelError(f"{origin}: not an ONNX model (no graph nodes or outputs); pass a "
                          "valid .onnx file")
-    for imp in model.opset_import:
-        if imp.domain not in ("", "ai.onnx") and imp.domain != "com.microsoft":
-            continue
 
 
 # ====================================================================== import
@@ -447,9 +444,7 @@ class _Importer:
         self.add(name, op, [x], node.output[0], shape, attrs)
 
     def op_MaxPool(self, node, name, a):
-        if a.get("storage_order", 0):
-            pass  # only affects Indices
-        self._pool(node, name, a, "maxpool")
+        self._pool(node, name, a, "maxpool")  # storage_order only affects Indices
 
     def op_AveragePool(self, node, name, a):
         self._pool(node, name, a, "avgpool")

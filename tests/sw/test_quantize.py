@@ -180,3 +180,20 @@ def test_ort_engine_bit_identical_to_numpy_engine(name):
         reference.set_engine(old)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("name", ["digits-cnn", "eeg-seizure"])
+def test_bundled_zoo_models_quantize_and_agree(name):
+    models = pytest.importorskip("dnnfab.models")
+    if name not in [m["name"] for m in models.list_models()]:
+        pytest.skip(f"{name} not in the zoo")
+    g = dnnfab.load(name)  # zoo name goes through dnnfab.models.load_model
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((12,) + g.inputs[0].shape[1:]).astype(np.float32)
+    q = dnnfab.quantize(g, calibration=x[:8])
+    qm = export_qdq(q, int8_outputs=True)
+    out = g.outputs[0].name
+    for i in range(8, 12):
+        feed = {g.inputs[0].name: x[i:i + 1]}
+        same, worst = _agreement(q.run_int(feed)[out], mh.ort_run(qm, feed)[out + "__q"])
+        assert same >= 0.999 and worst <= 1

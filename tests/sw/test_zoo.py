@@ -158,6 +158,9 @@ def test_eeg_generator_is_deterministic_per_seed():
     assert not np.allclose(x1, x3)
     assert y1.sum() == 8  # exactly half are seizures
     assert np.isfinite(x1).all() and 5.0 < x1.std() < 500.0  # microvolt scale
+    _, y4, meta = datasets.eeg_windows(16, seed=5, artifacts=False, return_meta=True)
+    assert not any(k in m for m in meta for k in ("blink", "muscle", "pop", "line"))
+    assert all(("onset" in m) == m["seizure"] == bool(t) for m, t in zip(meta, y4))
 
 
 def test_eeg_seizure_windows_differ_spectrally():
