@@ -59,7 +59,7 @@ def main(argv=None):
     vfile, module, _ = generated(cfg, "accelerator")
     with tempfile.TemporaryDirectory() as tmp:
         rep = Path(tmp) / "report.json"
-        res = runner.run([vfile], module, "dnnfab.cosim.tb_accel", sim=args.sim,
+        res = runner.run([vfile], module, "dnnfab.cosim.tb_accel", sim=args.sim, testcase="layers",
                          params={"config": cfg.to_dict(), "layers": [spec], "report": str(rep)})
         report = json.loads(rep.read_text())[0]
     wall = time.monotonic() - t0
