@@ -32,3 +32,21 @@ def test_systolic_gemm(sim, shape, tmp_path):
                   report=str(tmp_path / "report.json"))
     result = runner.run([vfile], module, "dnnfab.cosim.tb_systolic", sim=sim, params=params)
     assert result.tests == 1 and result.failed == 0
+
+
+@pytest.mark.cosim
+@pytest.mark.skipif(not runner.available("icarus"), reason="icarus not installed")
+def test_failing_run_reports_waveform():
+    """A failing co-simulation is re-run with waves and the error names the file."""
+    cfg = AcceleratorConfig(rows=2, cols=2)
+    vfile, module, manifest = generated(cfg, "array")
+    # the testbench unpacks results with the wrong accumulator width: must fail
+    params = dict(rows=2, cols=2, input_bits=8, weight_bits=8, acc_bits=16,
+                  tag_bits=manifest["array"]["tag_bits"], cases=[{"n": 4, "k": 2, "m": 2, "seed": 1}])
+    with pytest.raises(runner.CosimFailure) as info:
+        runner.run([vfile], module, "dnnfab.cosim.tb_systolic", sim="icarus", params=params)
+    msg = str(info.value)
+    assert "waveform:" in msg
+    from pathlib import Path
+    wave = Path(msg.split("waveform:")[1].strip())
+    assert wave.exists() and wave.stat().st_size > 0
