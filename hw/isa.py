@@ -128,23 +128,8 @@ class _Insn:
 
 
 @dataclass
-class Load(_Insn):
-    """DRAM -> scratchpad ``target`` (TARGET_ACT/WGT/AUX), 3-D strided source."""
-    addr: int = 0
-    len0: int = 1
-    n1: int = 1
-    stride1: int = 0
-    n2: int = 1
-    stride2: int = 0
-    sp_addr: int = 0
-    target: int = TARGET_ACT
-    OPCODE = OP_LOAD
-    FIELDS = DMA_FIELDS
-
-
-@dataclass
-class Store(_Insn):
-    """Output scratchpad -> DRAM, 3-D strided destination."""
+class _DmaInsn(_Insn):
+    """A 3-D strided DMA descriptor: ``n2`` planes of ``n1`` rows of ``len0`` bus beats."""
     addr: int = 0
     len0: int = 1
     n1: int = 1
@@ -153,8 +138,23 @@ class Store(_Insn):
     stride2: int = 0
     sp_addr: int = 0
     target: int = 0
-    OPCODE = OP_STORE
     FIELDS = DMA_FIELDS
+
+    @property
+    def beats(self):
+        return self.len0 * self.n1 * self.n2
+
+
+@dataclass
+class Load(_DmaInsn):
+    """DRAM -> scratchpad ``target`` (TARGET_ACT/WGT/AUX), 3-D strided source."""
+    OPCODE = OP_LOAD
+
+
+@dataclass
+class Store(_DmaInsn):
+    """Output scratchpad -> DRAM, 3-D strided destination."""
+    OPCODE = OP_STORE
 
 
 @dataclass

@@ -17,6 +17,7 @@ from ..hw.config import AcceleratorConfig
 from ..hw.isa import Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES, decode
 from ..hw.systolic import latency as array_latency, min_tile_rows
 from ..hw.postproc import LATENCY as RQ_LATENCY
+from .quantize import requantize
 
 __all__ = ["FastModel", "estimate_cycles", "CycleReport"]
 
@@ -68,28 +69,21 @@ class FastModel:
     def execute(self, insn):
         self.counters["insns"] += 1
         bus = self.cfg.bus_bytes
-        if isinstance(insn, Load):
-            sp = self.sp[insn.target]
+        if isinstance(insn, (Load, Store)):
+            load = isinstance(insn, Load)
+            sp = self.sp[insn.target] if load else self.sp["out"]
             off = insn.sp_addr * bus
+            n = insn.len0 * bus
             for i2 in range(insn.n2):
                 for i1 in range(insn.n1):
                     a = insn.addr + i2 * insn.stride2 + i1 * insn.stride1
-                    n = insn.len0 * bus
-                    self._sp_check(sp, off, n, "LOAD")
-                    sp[off:off + n] = self.dram[a:a + n]
+                    self._sp_check(sp, off, n, "LOAD" if load else "STORE")
+                    if load:
+                        sp[off:off + n] = self.dram[a:a + n]
+                    else:
+                        self.dram[a:a + n] = sp[off:off + n]
                     off += n
-                    self.counters["dma_rd_bytes"] += n
-        elif isinstance(insn, Store):
-            sp = self.sp["out"]
-            off = insn.sp_addr * bus
-            for i2 in range(insn.n2):
-                for i1 in range(insn.n1):
-                    a = insn.addr + i2 * insn.stride2 + i1 * insn.stride1
-                    n = insn.len0 * bus
-                    self._sp_check(sp, off, n, "STORE")
-                    self.dram[a:a + n] = sp[off:off + n]
-                    off += n
-                    self.counters["dma_wr_bytes"] += n
+            self.counters["dma_rd_bytes" if load else "dma_wr_bytes"] += insn.beats * bus
         elif isinstance(insn, Compute):
             self._compute(insn)
         else:
@@ -138,10 +132,7 @@ class FastModel:
         self.counters["macs"] += kt * P * R * C
         if c.finalize:
             lane = aux[c.aux_addr]
-            m = lane["m"].astype(np.int64)
-            n = lane["n"].astype(np.int64)
-            y = (acc * m + (np.int64(1) << (n - 1))) >> n
-            y = np.clip(y + c.zy, c.lo, c.hi).astype(np.int8)
+            y = requantize(acc, lane["m"], lane["n"], c.zy, c.lo, c.hi)
             idx = c.out_base + np.arange(P) * c.out_stride
             if idx.max() >= out.shape[0]:
                 raise FabricError("COMPUTE: output address out of range (error 4)")
@@ -213,7 +204,7 @@ def estimate_cycles(prog) -> CycleReport:
             start = t_load
             if ins.pop_next:
                 start = max(start, c2l[pops["c2l"]]); pops["c2l"] += 1
-            beats = ins.len0 * ins.n1 * ins.n2
+            beats = ins.beats
             end = start + DMA_READ_LATENCY + beats
             t_load = start + beats          # the next request pipelines behind this one
             load_cycles += beats
@@ -245,7 +236,7 @@ def estimate_cycles(prog) -> CycleReport:
             start = t_store
             if ins.pop_prev:
                 start = max(start, c2s[pops["c2s"]]); pops["c2s"] += 1
-            beats = ins.len0 * ins.n1 * ins.n2
+            beats = ins.beats
             end = start + 2 + beats + DMA_WRITE_LATENCY
             t_store = start + beats
             store_cycles += beats
