@@ -119,9 +119,9 @@ class ComputeEngine(wiring.Component):
             "acc_init": 1, "finalize": 1, "push": 1,
             "zy": 8, "lo": 8, "hi": 8, "aux": aux_layout(cfg),
         })
-        act_q = _Fifo(m, "act_q", act_job_layout, 2)
-        wgt_q = _Fifo(m, "wgt_q", wgt_job_layout, 2)
-        back_q = _Fifo(m, "back_q", back_job_layout, 2)
+        act_q = _Fifo(m, "act_q", act_job_layout, 3)
+        wgt_q = _Fifo(m, "wgt_q", wgt_job_layout, 3)
+        back_q = _Fifo(m, "back_q", back_job_layout, 3)
         flag_q = SyncFIFO(width=1, depth=4)
         m.submodules.flag_q = flag_q
 

@@ -53,9 +53,11 @@ def port_list(component):
 
 
 #: Amaranth's Verilog mixes operand widths on purpose (it is width-correct by construction);
-#: these pragmas keep ``verilator --lint-only`` quiet about exactly those classes of warning.
+#: these pragmas keep ``verilator --lint-only`` quiet about exactly those classes of warning
+#: (and about ``case`` statements whose default assignment precedes them).
 LINT_PRAGMAS = ("/* verilator lint_off WIDTHEXPAND */\n"
-                "/* verilator lint_off WIDTHTRUNC */\n")
+                "/* verilator lint_off WIDTHTRUNC */\n"
+                "/* verilator lint_off CASEINCOMPLETE */\n")
 
 
 def verilog_text(component, name):
