@@ -65,16 +65,17 @@ def config_from_args(args):
         if v is not None:
             base[name] = v
     board = getattr(args, "board", None)
+    top = getattr(args, "top", None)
     if board:
         from ..boards import get_board
         b = get_board(board)
         base.setdefault("clock_mhz", b.clock_mhz)
         if auto:
             from ..boards.fit import autosize
-            return autosize(b, base, auto)
+            return autosize(b, base, auto, top=top)
         cfg = AcceleratorConfig.from_dict(base)
         from ..boards.fit import check_fit
-        check_fit(cfg, b)
+        check_fit(cfg, b, top=top)
         return cfg
     if auto:
         raise ConfigError(f"--{auto[0]} auto needs --board to size against; name a board (see `dnnfab boards`)")
@@ -91,7 +92,17 @@ def _int_arg(name, text):
 def cmd_generate(args):
     from .generate import generate
     cfg = config_from_args(args)
-    paths = generate(cfg, args.output, top=args.top)
+    extra = None
+    if args.board:
+        from ..boards import get_board
+        b = get_board(args.board)
+        extra = {"board": {"id": b.id, "part": b.fpga.full_part, "clock_mhz": cfg.clock_mhz}}
+    paths = generate(cfg, args.output, top=args.top, extra=extra)
+    if args.board:
+        from ..boards.synth import write_constraints
+        from .generate import TOPS
+        paths.update(write_constraints(cfg, args.board, args.output,
+                                       module=TOPS[args.top][1], verilog=paths["verilog"].name))
     print(f"generated {args.top} {cfg.rows}x{cfg.cols} ({cfg.dataflow}, config {cfg.config_hash()}):")
     for kind, path in paths.items():
         print(f"  {kind:9s} {path}")
