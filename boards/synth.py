@@ -182,10 +182,17 @@ def default_top():
     return "accelerator" if importlib.util.find_spec("dnnfab.hw.top") is not None else "array"
 
 
-def elaborate(cfg: AcceleratorConfig, top="array", harness=False):
+#: Technology hints per FPGA family, handed to elaboration as the "platform": on ECP5 the
+#: PE's product registers go inside the MULT18X18D (yosys does not pack them itself;
+#: verified in co-simulation by tests/cosim/test_pe_ecp5.py).
+FAMILY_HINTS = {"ecp5": {"dnnfab_mult": "ecp5"}}
+
+
+def elaborate(cfg: AcceleratorConfig, top="array", harness=False, family=None):
     """(RTLIL text, module name, harness or None) of ``top`` for ``cfg``."""
     from amaranth.back import rtlil
-    from ..hw.generate import build_top
+    from ..hw.generate import build_top, SynthHints
+    platform = SynthHints(**FAMILY_HINTS.get(family, {}))
     try:
         component, name = build_top(cfg, top)
     except ModuleNotFoundError as exc:
@@ -195,8 +202,9 @@ def elaborate(cfg: AcceleratorConfig, top="array", harness=False):
         raise
     if harness:
         h = IoHarness(component)
-        return rtlil.convert(h, name="dnnfab_ooc", ports=[h.sin, h.sout]), "dnnfab_ooc", h
-    return rtlil.convert(component, name=name), name, None
+        return (rtlil.convert(h, name="dnnfab_ooc", ports=[h.sin, h.sout], platform=platform),
+                "dnnfab_ooc", h)
+    return rtlil.convert(component, name=name, platform=platform), name, None
 
 
 # -- constraints ---------------------------------------------------------------------------
@@ -449,7 +457,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, use_cache=Tru
     versions = toolchain_versions(board.family)
     step(f"elaborate {top} {cfg.rows}x{cfg.cols}")
     harness = board.family == "ice40"
-    text, module, h = elaborate(cfg, top, harness=harness)
+    text, module, h = elaborate(cfg, top, harness=harness, family=board.family)
     freq = float(cfg.clock_mhz)
     key = _key(text, board, top, freq, seed, versions)
     work = cache_dir() / board.id / f"{top}_{cfg.rows}x{cfg.cols}_{key}"

@@ -132,21 +132,32 @@ class ComputeEngine(wiring.Component):
         room = Signal()
         m.d.comb += room.eq(act_q.fifo.w_rdy & wgt_q.fifo.w_rdy & back_q.fifo.w_rdy & flag_q.w_rdy)
         m.d.comb += self.insn.ready.eq(dstate == 0)
+        # small multiplies, one register stage each (decode takes 4 cycles per instruction)
+        khkw = Signal(8)
+        ktiles = Signal(14)
+        pixels = Signal(24)
+        addr0 = Signal(signed(A)); step_ow = Signal(A); step_oh = Signal(A)
+        step_kw = Signal(A); step_kh = Signal(A)
         with m.Switch(dstate):
             with m.Case(0):
                 with m.If(self.insn.valid):
                     m.d.sync += [insn.eq(self.insn.payload), dstate.eq(1)]
             with m.Case(1):
                 m.d.comb += [self.aux_rd_en.eq(1), self.aux_rd_addr.eq(insn.aux_addr)]
-                m.d.sync += [row_stride.eq(insn.win * insn.cbp), dstate.eq(2)]
+                m.d.sync += [row_stride.eq(insn.win * insn.cbp), khkw.eq(insn.kh_n * insn.kw_n),
+                             pixels.eq(insn.oh_n * insn.ow_n),
+                             step_ow.eq(insn.sw * insn.cbp), step_kw.eq(insn.dw * insn.cbp),
+                             dstate.eq(2)]
             with m.Case(2):
+                m.d.sync += [ktiles.eq(khkw * insn.cb_n),
+                             addr0.eq(insn.a_base - insn.pt * row_stride - insn.pl * insn.cbp),
+                             step_oh.eq(insn.sh * row_stride), step_kh.eq(insn.dh * row_stride),
+                             dstate.eq(3)]
+            with m.Case(3):
                 with m.If(room):
                     m.d.sync += dstate.eq(0)
         push = Signal()
-        m.d.comb += push.eq((dstate == 2) & room)
-        ktiles = Signal(14)
-        pixels = Signal(24)
-        m.d.comb += [ktiles.eq(insn.kh_n * insn.kw_n * insn.cb_n), pixels.eq(insn.oh_n * insn.ow_n)]
+        m.d.comb += push.eq((dstate == 3) & room)
         aux_now = data.View(aux_layout(cfg), self.aux_rd_data)
         m.d.comb += [
             act_q.fifo.w_en.eq(push), wgt_q.fifo.w_en.eq(push), back_q.fifo.w_en.eq(push),
@@ -156,11 +167,11 @@ class ComputeEngine(wiring.Component):
                   "pt", "pl", "zx"):
             m.d.comb += getattr(act_q.w, f).eq(getattr(insn, f))
         m.d.comb += [
-            act_q.w.addr0.eq(insn.a_base - insn.pt * row_stride - insn.pl * insn.cbp),
-            act_q.w.step_ow.eq(insn.sw * insn.cbp),
-            act_q.w.step_oh.eq(insn.sh * row_stride),
-            act_q.w.step_kw.eq(insn.dw * insn.cbp),
-            act_q.w.step_kh.eq(insn.dh * row_stride),
+            act_q.w.addr0.eq(addr0),
+            act_q.w.step_ow.eq(step_ow),
+            act_q.w.step_oh.eq(step_oh),
+            act_q.w.step_kw.eq(step_kw),
+            act_q.w.step_kh.eq(step_kh),
             wgt_q.w.w_base.eq(insn.w_base),
             wgt_q.w.rows.eq(ktiles * R),
             back_q.w.acc_base.eq(insn.acc_base),
@@ -326,15 +337,26 @@ class ComputeEngine(wiring.Component):
             m.d.comb += s[c].eq(Mux(b_first, b_aux[c].bias, old[c]) + b_psum[c])
         m.d.comb += [acc_wp.addr.eq(b_addr), acc_wp.data.eq(s), acc_wp.en.eq(b_valid & ~b_last)]
 
+        # stage C: register the sums before the requantizer (keeps the accumulator read,
+        # the add and the requantizer's multipliers in separate cycles)
+        c_valid = Signal(); c_side = Signal(19)
+        c_s = Signal(data.ArrayLayout(signed(cfg.acc_bits), C))
+        c_aux = Signal(aux_layout(cfg))
+        c_zy = Signal(8); c_lo = Signal(8); c_hi = Signal(8)
+        m.d.sync += [
+            c_valid.eq(b_valid & (b_last | b_end)),
+            c_side.eq(Cat(b_out, b_last, b_end, b_push)),
+            c_s.eq(s), c_aux.eq(b_aux), c_zy.eq(b_zy), c_lo.eq(b_lo), c_hi.eq(b_hi),
+        ]
         m.submodules.rq = rq = Requantizer(C, cfg.acc_bits, cfg.input_bits, side_bits=19)
         m.d.comb += [
-            rq.i_valid.eq(b_valid & (b_last | b_end)),
-            rq.i_acc.eq(s),
-            rq.i_zy.eq(b_zy), rq.i_lo.eq(b_lo), rq.i_hi.eq(b_hi),
-            rq.i_side.eq(Cat(b_out, b_last, b_end, b_push)),
+            rq.i_valid.eq(c_valid),
+            rq.i_acc.eq(c_s),
+            rq.i_zy.eq(c_zy), rq.i_lo.eq(c_lo), rq.i_hi.eq(c_hi),
+            rq.i_side.eq(c_side),
         ]
         for c in range(C):
-            m.d.comb += [rq.i_m[c].eq(b_aux[c].m), rq.i_n[c].eq(b_aux[c].n)]
+            m.d.comb += [rq.i_m[c].eq(c_aux[c].m), rq.i_n[c].eq(c_aux[c].n)]
         o_we = rq.o_side[16]
         o_end = rq.o_side[17]
         o_push = rq.o_side[18]
@@ -346,7 +368,7 @@ class ComputeEngine(wiring.Component):
         ]
 
         # -------------------------------------------------------------------- idle
-        pipe = Signal(RQ_LATENCY + 1)
+        pipe = Signal(RQ_LATENCY + 2)
         m.d.sync += pipe.eq(Cat(b_valid, pipe[:-1]))
         m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.r_rdy & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
                                  & ~afifo.r_rdy & ~wfifo.r_rdy & ~a_inflight & ~w_inflight

@@ -23,7 +23,7 @@ Two independent engines, running concurrently:
   while the in-flight budget allows, without waiting for data. ``rready`` is always high;
   each R beat appears on ``sp_we``/``sp_waddr``/``sp_wdata`` one cycle later.
 * **Write** (``wr_cmd``, scratchpad -> DRAM): each command is first checked against the
-  output window (two cycles, overlapped with the previous command's bursts); a command
+  output window (three cycles, overlapped with the previous command's bursts); a command
   touching a byte outside ``[window_lo, window_hi)`` is rejected with error 5 and issues
   nothing. AWs run ahead of the data up to ``max_wr_bursts`` outstanding bursts; the
   scratchpad is read with credits so that no more than ``w_buffer`` words are in flight
@@ -43,9 +43,9 @@ Timing (no bus stalls; deterministic, see docs/dma_csr.md): a read command accep
 cycle 0 presents its first AR in cycle 2 and ARs follow one per cycle; each R beat reaches
 ``sp_we`` one cycle later, so a contiguous read of N beats finishes (``rd_done``) in cycle
 ``N + 2 + L`` where L is the slave's AR-to-first-R latency (2 for cocotbext-axi's AxiRam).
-A write command accepted in cycle 0 presents its first AW in cycle 4 (two cycles of window
+A write command accepted in cycle 0 presents its first AW in cycle 5 (three cycles of window
 check) and its first W beat in cycle 7 (scratchpad read + W buffer); a contiguous write of
-N beats gets ``wr_done`` in cycle N + 9 against AxiRam. The next command of the same engine
+N beats gets ``wr_done`` in cycle N + 10 against AxiRam (window check: three cycles). The next command of the same engine
 is accepted once the burst generator has issued the previous command's last burst.
 """
 
@@ -440,10 +440,11 @@ class DMA(wiring.Component):
 
         # =============================================================== write engine
         agw = m.submodules.wr_bursts = _BurstGen(cfg)
-        # -- intake and window check (two cycles, overlapped with the running command)
+        # -- intake and window check (three cycles, overlapped with the running command)
         wdesc = Signal(desc_layout(cfg))
         ext1 = Signal(48)
         ext2 = Signal(48)
+        ext1_lo = Signal(32); ext1_hi = Signal(32); ext2_lo = Signal(32); ext2_hi = Signal(32)
         rowbytes = Signal(16 + lb)
         w_empty = Signal()
         wr_kill = Signal()
@@ -480,11 +481,21 @@ class DMA(wiring.Component):
                     ]
                     m.next = "MUL"
             with m.State("MUL"):
+                # 16 x 32 products as two registered 16 x 16 halves (one DSP each), summed in
+                # the next state: keeps the window check off the critical path
                 m.d.sync += [
-                    ext1.eq((wdesc.n1 - 1)[:16] * wdesc.stride1),
-                    ext2.eq((wdesc.n2 - 1)[:16] * wdesc.stride2),
+                    ext1_lo.eq((wdesc.n1 - 1)[:16] * wdesc.stride1[:16]),
+                    ext1_hi.eq((wdesc.n1 - 1)[:16] * wdesc.stride1[16:32]),
+                    ext2_lo.eq((wdesc.n2 - 1)[:16] * wdesc.stride2[:16]),
+                    ext2_hi.eq((wdesc.n2 - 1)[:16] * wdesc.stride2[16:32]),
                     rowbytes.eq(wdesc.len0 << lb),
                     w_empty.eq(_empty(wdesc)),
+                ]
+                m.next = "MUL2"
+            with m.State("MUL2"):
+                m.d.sync += [
+                    ext1.eq(ext1_lo + (ext1_hi << 16)),
+                    ext2.eq(ext2_lo + (ext2_hi << 16)),
                 ]
                 m.next = "CHECK"
             with m.State("CHECK"):

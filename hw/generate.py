@@ -60,8 +60,16 @@ LINT_PRAGMAS = ("/* verilator lint_off WIDTHEXPAND */\n"
                 "/* verilator lint_off CASEINCOMPLETE */\n")
 
 
-def verilog_text(component, name):
-    return LINT_PRAGMAS + verilog.convert(component, name=name, emit_src=False)
+class SynthHints:
+    """A stand-in platform carrying hints for technology-specific elaboration
+    (``dnnfab_mult = "ecp5"`` puts the PE registers inside ECP5 DSP blocks)."""
+
+    def __init__(self, **hints):
+        self.__dict__.update(hints)
+
+
+def verilog_text(component, name, platform=None):
+    return LINT_PRAGMAS + verilog.convert(component, name=name, emit_src=False, platform=platform)
 
 
 def generate(cfg: AcceleratorConfig, outdir, top="array", extra=None):

@@ -1,6 +1,6 @@
 """Processing element of the weight-stationary systolic array."""
 
-from amaranth.hdl import Signal, Module, signed
+from amaranth.hdl import Signal, Module, Const, Instance, ClockSignal, ResetSignal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -65,6 +65,8 @@ class ProcessingElement(wiring.Component):
         })
 
     def elaborate(self, platform):
+        if getattr(platform, "dnnfab_mult", None) == "ecp5":
+            return self._elaborate_ecp5()
         m = Module()
         w_shadow = Signal(signed(self.weight_bits))
         w_active = Signal(signed(self.weight_bits))
@@ -81,4 +83,55 @@ class ProcessingElement(wiring.Component):
             ]
             with m.If(self.f_in):
                 m.d.sync += w_active.eq(w_shadow)
+        return m
+
+    def _elaborate_ecp5(self):
+        """The same PE with its product registers inside an ECP5 ``MULT18X18D``.
+
+        Selected by synthesis for ECP5 parts (``platform.dnnfab_mult == "ecp5"``): yosys does
+        not pack the registers around a multiplier into the DSP block, and the route into and
+        out of the DSP column then limits Fmax. Register for register this is the behavioural
+        PE: input A register = ``a_out`` (loaded on ``en``), input B register = ``w_active``
+        (loaded from the shadow on ``en & f_in``), output register = ``prod`` (on ``en``).
+        ``tests/cosim/test_pe_ecp5.py`` runs the array built this way, with yosys' simulation
+        model of the primitive, against numpy.
+        """
+        assert self.input_bits <= 18 and self.weight_bits <= 18
+        m = Module()
+        w_shadow = Signal(signed(self.weight_bits))
+        prod = Signal(signed(self.input_bits + self.weight_bits))
+        P = Signal(36)
+        a_ext = Signal(18)
+        b_ext = Signal(18)
+        m.d.comb += [a_ext.eq(self.a_in.as_signed()), b_ext.eq(w_shadow.as_signed())]
+        with m.If(self.w_we):
+            m.d.sync += w_shadow.eq(self.w_in)
+        ports = {}
+        for i in range(18):
+            ports[f"i_A{i}"] = a_ext[i]
+            ports[f"i_B{i}"] = b_ext[i]
+            ports[f"i_C{i}"] = Const(0)
+        for i in range(36):
+            ports[f"o_P{i}"] = P[i]
+        m.submodules.mult = Instance(
+            "MULT18X18D",
+            p_REG_INPUTA_CLK="CLK0", p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
+            p_REG_INPUTB_CLK="CLK0", p_REG_INPUTB_CE="CE1", p_REG_INPUTB_RST="RST0",
+            p_REG_INPUTC_CLK="NONE", p_REG_PIPELINE_CLK="NONE", p_REG_OUTPUT_CLK="CLK0",
+            p_REG_OUTPUT_CE="CE0", p_REG_OUTPUT_RST="RST0",
+            p_CLK0_DIV="ENABLED", p_CLK1_DIV="ENABLED", p_CLK2_DIV="ENABLED", p_CLK3_DIV="ENABLED",
+            p_HIGHSPEED_CLK="NONE", p_GSR="DISABLED", p_CAS_MATCH_REG="FALSE",
+            p_SOURCEB_MODE="B_SHIFT", p_MULT_BYPASS="DISABLED", p_RESETMODE="SYNC",
+            i_SIGNEDA=Const(1), i_SIGNEDB=Const(1), i_SOURCEA=Const(0), i_SOURCEB=Const(0),
+            i_CLK0=ClockSignal(), i_CLK1=Const(0), i_CLK2=Const(0), i_CLK3=Const(0),
+            i_CE0=self.en, i_CE1=self.en & self.f_in, i_CE2=Const(0), i_CE3=Const(0),
+            i_RST0=ResetSignal(), i_RST1=Const(0), i_RST2=Const(0), i_RST3=Const(0),
+            **ports)
+        m.d.comb += prod.eq(P[:len(prod)])
+        with m.If(self.en):
+            m.d.sync += [
+                self.a_out.eq(self.a_in),
+                self.f_out.eq(self.f_in),
+                self.psum_out.eq(self.psum_in + prod),
+            ]
         return m

@@ -12,16 +12,18 @@ Why the 49-bit datapath is exact for every ``n``: |acc * m| < 2^31 * 2^15 = 2^46
 n >= 47 the rounded quotient is 0 (x + 2^(n-1) lies in [0, 2^n)); for n <= 46 the sum
 x + 2^(n-1) fits in 48 bits plus sign.
 
-Fixed latency :data:`LATENCY` cycles, no backpressure.
+Fixed latency :data:`LATENCY` cycles, no backpressure. Pipelined for Fmax: two 16-bit
+partial products (one DSP each), product sum, rounding add, a two-step barrel shift,
+saturation to 11 bits (exact, since the clamp to int8 follows), zero point and clamp.
 """
 
-from amaranth.hdl import Signal, Module, Const, signed, unsigned, Mux
+from amaranth.hdl import Signal, Module, Const, Cat, signed, unsigned, Mux
 from amaranth.lib import wiring, data
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["Requantizer", "LATENCY", "requantize_ref"]
 
-LATENCY = 4
+LATENCY = 7
 
 
 def requantize_ref(acc, m, n, zy, lo, hi):
@@ -65,42 +67,66 @@ class Requantizer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        pw = self.acc_bits + 17          # product width (signed acc x unsigned 16)
-        big = self.acc_bits + 15          # n at or above this gives 0 (see module doc)
+        A = self.acc_bits
+        assert A > 16
+        pw = A + 17                       # product width (signed acc x unsigned 16)
+        big = A + 15                      # n at or above this gives 0 (see module doc)
+        L = LATENCY
 
-        # stage valid/side/scalars
-        v = [Signal(name=f"v{i}") for i in range(LATENCY)]
-        side = [Signal(self.side_bits, name=f"side{i}") for i in range(LATENCY)]
-        zy = [Signal(signed(self.out_bits), name=f"zy{i}") for i in range(LATENCY - 1)]
-        lo = [Signal(signed(self.out_bits), name=f"lo{i}") for i in range(LATENCY - 1)]
-        hi = [Signal(signed(self.out_bits), name=f"hi{i}") for i in range(LATENCY - 1)]
+        # side-band, valid and per-instruction scalars travel along the stages
+        v = [Signal(name=f"v{i}") for i in range(L)]
+        side = [Signal(self.side_bits, name=f"side{i}") for i in range(L)]
+        zy = [Signal(signed(self.out_bits), name=f"zy{i}") for i in range(L - 1)]
+        lo = [Signal(signed(self.out_bits), name=f"lo{i}") for i in range(L - 1)]
+        hi = [Signal(signed(self.out_bits), name=f"hi{i}") for i in range(L - 1)]
         m.d.sync += [v[0].eq(self.i_valid), side[0].eq(self.i_side),
                      zy[0].eq(self.i_zy), lo[0].eq(self.i_lo), hi[0].eq(self.i_hi)]
-        for i in range(1, LATENCY):
+        for i in range(1, L):
             m.d.sync += [v[i].eq(v[i - 1]), side[i].eq(side[i - 1])]
-        for i in range(1, LATENCY - 1):
+        for i in range(1, L - 1):
             m.d.sync += [zy[i].eq(zy[i - 1]), lo[i].eq(lo[i - 1]), hi[i].eq(hi[i - 1])]
         m.d.comb += [self.o_valid.eq(v[-1]), self.o_side.eq(side[-1])]
 
+        sat_bits = self.out_bits + 3      # |shifted| is saturated to this many bits
         for lane in range(self.lanes):
-            # stage 1: multiply (maps to a DSP)
-            prod = Signal(signed(pw), name=f"prod{lane}")
+            acc = self.i_acc[lane]
+            # 1: two 16-bit partial products (one DSP each, registered)
+            p_lo = Signal(unsigned(32), name=f"p_lo{lane}")
+            p_hi = Signal(signed(A - 16 + 17), name=f"p_hi{lane}")
             n1 = Signal(6, name=f"n1_{lane}")
-            m.d.sync += [prod.eq(self.i_acc[lane] * self.i_m[lane].as_unsigned()),
+            m.d.sync += [p_lo.eq(acc.as_unsigned()[:16] * self.i_m[lane].as_unsigned()),
+                         p_hi.eq(acc[16:].as_signed() * self.i_m[lane].as_unsigned()),
                          n1.eq(self.i_n[lane])]
-            # stage 2: add the rounding constant
-            rnd = Signal(signed(pw + 1), name=f"rnd{lane}")
+            # 2: the full product
+            prod = Signal(signed(pw), name=f"prod{lane}")
             n2 = Signal(6, name=f"n2_{lane}")
-            zero2 = Signal(name=f"zero2_{lane}")
+            m.d.sync += [prod.eq((p_hi << 16) + p_lo), n2.eq(n1)]
+            # 3: add the rounding constant 2^(n-1)
+            rnd = Signal(signed(pw + 1), name=f"rnd{lane}")
+            n3 = Signal(6, name=f"n3_{lane}")
+            zero3 = Signal(name=f"zero3_{lane}")
             half = Signal(unsigned(pw), name=f"half{lane}")
-            m.d.comb += half.eq(Mux(n1 == 0, 0, Const(1, pw) << (n1 - 1)[:6]))
-            m.d.sync += [rnd.eq(prod + half), n2.eq(n1), zero2.eq(n1 >= big)]
-            # stage 3: arithmetic shift
-            shifted = Signal(signed(pw + 1), name=f"shifted{lane}")
-            m.d.sync += shifted.eq(Mux(zero2, 0, rnd >> n2))
-            # stage 4: zero point and clamp
-            yz = Signal(signed(pw + 2), name=f"yz{lane}")
-            m.d.comb += yz.eq(shifted + zy[-1])
+            m.d.comb += half.eq(Mux(n2 == 0, 0, Const(1, pw) << (n2 - 1)[:6]))
+            m.d.sync += [rnd.eq(prod + half), n3.eq(n2), zero3.eq(n2 >= big)]
+            # 4, 5: arithmetic shift right by n, in two steps (8s, then 1s)
+            sh4 = Signal(signed(pw + 1), name=f"sh4_{lane}")
+            n4 = Signal(3, name=f"n4_{lane}")
+            m.d.sync += [sh4.eq(Mux(zero3, 0, rnd >> Cat(Const(0, 3), n3[3:]))), n4.eq(n3[:3])]
+            sh5 = Signal(signed(pw + 1), name=f"sh5_{lane}")
+            m.d.sync += sh5.eq(sh4 >> n4)
+            # 6: saturate to a few bits more than the output (exact: the clamp follows)
+            top = sh5[sat_bits - 1:]
+            sat = Signal(signed(sat_bits), name=f"sat{lane}")
+            lim = (1 << (sat_bits - 1)) - 1
+            with m.If((top == 0) | (top == (1 << len(top)) - 1)):
+                m.d.sync += sat.eq(sh5)
+            with m.Elif(sh5 < 0):
+                m.d.sync += sat.eq(-lim - 1)
+            with m.Else():
+                m.d.sync += sat.eq(lim)
+            # 7: zero point and clamp
+            yz = Signal(signed(sat_bits + 1), name=f"yz{lane}")
+            m.d.comb += yz.eq(sat + zy[-1])
             y = Signal(signed(self.out_bits), name=f"y{lane}")
             with m.If(yz < lo[-1]):
                 m.d.sync += y.eq(lo[-1])

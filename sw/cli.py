@@ -4,6 +4,9 @@
 name, op, input and output shapes, MACs, parameter count and where the integer network
 runs it (``fabric`` for the ops of the integer contract, ``cpu`` for the float fallback).
 ``--json`` prints the same rows plus totals as a JSON document.
+
+``dnnfab models [--json]`` lists the zoo: name, source, input, input shape, outputs and
+accuracy (``--json`` prints every field of ``dnnfab.models.list_models()``).
 """
 
 from __future__ import annotations
@@ -101,15 +104,24 @@ def cmd_models(args):
         sys.stdout.write("\n")
         return 0
     from rich.table import Table
-    t = Table(title="dnnfab model zoo")
-    keys = []
-    for e in entries:
-        for k in e:
-            if k not in keys:
-                keys.append(k)
-    for k in keys:
+    t = Table(title="dnnfab model zoo (--json for every field)")
+    for k in MODEL_COLUMNS:
         t.add_column(k)
     for e in entries:
-        t.add_row(*(str(e.get(k, "")) for k in keys))
+        t.add_row(*(_fmt_cell(k, e.get(k, "")) for k in MODEL_COLUMNS))
     _console().print(t)
     return 0
+
+
+#: the columns of the ``dnnfab models`` table (``--json`` prints every key)
+MODEL_COLUMNS = ("name", "source", "input", "input_shape", "outputs", "accuracy")
+
+
+def _fmt_cell(key, v):
+    if v is None:
+        return ""
+    if key == "input_shape" and isinstance(v, (list, tuple)):
+        return _fmt_shape(v)
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(x) for x in v)
+    return str(v)

@@ -24,11 +24,18 @@ Two implementations of every arithmetic kernel:
   literal contract formula; used by the property tests to pin the fast path down.
 
 ``set_engine("numpy" | "ort" | "auto")`` chooses the GEMM engine (default ``auto``).
+
+Network executor: :func:`run_reference` runs a compiled :class:`FastPlan` of the graph
+(fused ShuffleNet channel shuffles, onnxruntime float depthwise/first convs, table-driven
+add and concat, integer-clamp requantize :class:`Requant32`), bit-identical to calling
+:func:`run_layer` layer by layer, which it does with an observer or with
+``set_fast_plan(False)`` / ``DNNFAB_FAST_PLAN=0``.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 
@@ -112,27 +119,28 @@ class Requant:
 
 
 class Requant32:
-    """The same requantize as :class:`Requant` in 32-bit integer arithmetic, ~2x faster;
-    used by :class:`FastPlan`. ``rq(acc) == requantize(acc + bias, m, n, zy, lo, hi)`` for
-    int32 ``acc`` (or float32 holding exact integers) of shape [..., C], C-contiguous.
+    """The requantize of :class:`Requant` with the clamp done on the int32 accumulators and,
+    when every ``n <= 24``, the rest in uint32 arithmetic (~2x faster than float64); used by
+    :class:`FastPlan`. ``rq(acc) == requantize(acc + bias, m, n, zy, lo, hi)`` for int32
+    ``acc`` (or float32 holding exact integers) of shape [..., C], C-contiguous.
 
-    Derivation (all per channel; a = acc + bias, y(a) = zy + floor((a*m + 2^(n-1)) / 2^n),
+    Derivation (per channel; a = acc + bias, y(a) = zy + floor((a*m + 2^(n-1)) / 2^n) is
     non-decreasing in a):
 
     * ``A_lo`` = least a with y(a) >= lo, ``A_hi`` = largest a with y(a) <= hi. When
       y(A_lo) == lo and y(A_hi) == hi (checked; true whenever m*2^-n <= 1), clamping a to
       [A_lo, A_hi] (acc to [A_lo - bias, A_hi - bias], intersected with int32) gives
       y = clamp(y(a), lo, hi) exactly, so no clamp is needed afterwards.
-    * With d = a - A_lo >= 0: y + 128 = floor(V / 2^n), V = d*m + c0,
-      c0 = A_lo*m + 2^(n-1) + (zy + 128)*2^n >= 0 and V < (hi + 129)*2^n <= 2^(n+8).
-    * Split the shift, s = max(0, n - 24), m = mh*2^s + ml, c0 = ch*2^s + cl:
-      floor(V / 2^s) = (d*mh + ch) + ((d*ml + cl) >> s) < 2^32, then >> (n - s).
-      Both products are formed as ``acc*mh + (ch - (A_lo - bias)*mh)`` in wrapping uint32
-      arithmetic; their true values lie in [0, 2^32) (checked exactly per channel at
-      construction), so the wrapped results are exact.
+    * uint32 form (all n <= 24): with d = a - A_lo >= 0, y + 128 = floor(V / 2^n) where
+      V = d*m + c0, c0 = A_lo*m + 2^(n-1) + (zy + 128)*2^n >= 0 and V < (hi + 129)*2^n
+      <= 2^32. V is formed as ``acc*m + (c0 - (A_lo - bias)*m)`` in wrapping uint32
+      arithmetic; its true value lies in [0, 2^32) (checked exactly per channel), so the
+      wrapped result is V itself, and ``V >> n`` is the answer.
+    * otherwise (some 24 < n <= 44): t = acc*M + C in float64 as in :class:`Requant` (exact),
+      now known to lie in [lo + 128, hi + 129), so truncation to uint8 is the floor.
 
-    ``ok`` is False (callers use :class:`Requant`) when a channel does not fit: n > 30, an
-    empty window (a clamp narrower than one output step), or a window outside int32.
+    ``ok`` is False (callers use :class:`Requant`) when a channel does not fit: n > 44, an
+    output clamp narrower than one output step, or a window outside int32.
     """
 
     TILE = 8192  # constants are tiled to rows of ~TILE elements: long contiguous loops
@@ -146,10 +154,11 @@ class Requant32:
         zy, lo, hi = int(zy), int(lo), int(hi)
         self.c = c
         self.ok = False
-        cols = {k: [] for k in ("blo", "bhi", "mh", "kh", "ml", "kl", "s", "r")}
+        self.split = any(nc > 24 for nc in n)
+        blos, bhis, mus, kus = [], [], [], []
         lo32, hi32 = -2**31, 2**31 - 1
         for mc, nc, bc in zip(m, n, b):
-            if not (1 <= nc <= 30 and 0 < mc < 2**15):
+            if not (1 <= nc <= 44 and 0 < mc < 2**15):
                 return
             h = 1 << (nc - 1)
             a_lo = -((h - (lo - zy) * 2**nc) // mc)               # ceil((L 2^n - h) / m)
@@ -158,42 +167,27 @@ class Requant32:
             if a_lo > a_hi or blo > bhi or zy + ((a_lo * mc + h) >> nc) != lo or \
                     zy + ((a_hi * mc + h) >> nc) != hi:
                 return  # clamping a must reproduce the output clamp exactly
-            # the clamped a spans [blo + bc, bhi + bc] within [a_lo, a_hi]
-            d_max = bhi + bc - a_lo
-            d_min = blo + bc - a_lo
-            c0 = a_lo * mc + h + (zy + 128) * 2**nc
-            sc = max(0, nc - 24)
-            mh, ml = mc >> sc, mc & ((1 << sc) - 1)
-            ch, cl = c0 >> sc, c0 & ((1 << sc) - 1)
-            q_max = d_max * ml + cl
-            p_max = d_max * mh + ch + (q_max >> sc)
-            if d_min < 0 or c0 < 0 or q_max >= 2**32 or p_max >= 2**32 or \
-                    (p_max >> (nc - sc)) > 255:
-                return
-            # d = acc - blo' with blo' = a_lo - bc: acc*mh + (ch - blo'*mh) (mod 2^32)
-            base = a_lo - bc
-            cols["blo"].append(blo)
-            cols["bhi"].append(bhi)
-            cols["mh"].append(mh)
-            cols["kh"].append((ch - base * mh) % 2**32)
-            cols["ml"].append(ml)
-            cols["kl"].append((cl - base * ml) % 2**32)
-            cols["s"].append(sc)
-            cols["r"].append(nc - sc)
+            blos.append(blo)
+            bhis.append(bhi)
+            if not self.split:
+                c0 = a_lo * mc + h + (zy + 128) * 2**nc
+                v_min = (blo + bc - a_lo) * mc + c0
+                v_max = (bhi + bc - a_lo) * mc + c0
+                if v_min < 0 or v_max >= 2**32:
+                    return
+                mus.append(mc)
+                kus.append((c0 - (a_lo - bc) * mc) % 2**32)
         self.ok = True
-        # n > 24 somewhere: the float64 form after the integer clamp beats the split
-        self.M = _mult64(m, n)
-        self.C = (np.asarray(b, np.float64) * self.M + (0.5 + zy + 128))
-        self.lo_v = np.array(cols["blo"], np.int32)
-        self.hi_v = np.array(cols["bhi"], np.int32)
-        self.mh = np.array(cols["mh"], np.uint32)
-        self.kh = np.array(cols["kh"], np.uint32)
-        self.split = any(cols["s"])
-        self.ml = np.array(cols["ml"], np.uint32)
-        self.kl = np.array(cols["kl"], np.uint32)
-        self.s = np.array(cols["s"], np.uint32)
-        self.r = np.array(cols["r"], np.uint32)
-        self.r_scalar = int(self.r[0]) if len(set(cols["r"])) == 1 else None
+        self.lo_v = np.array(blos, np.int32)
+        self.hi_v = np.array(bhis, np.int32)
+        if self.split:
+            self.M = _mult64(m, n)
+            self.C = np.asarray(b, np.float64) * self.M + (0.5 + zy + 128)
+        else:
+            self.mu = np.array(mus, np.uint32)
+            self.ku = np.array(kus, np.uint32)
+            self.r = np.array(n, np.uint32)
+            self.r_scalar = n[0] if len(set(n)) == 1 else None
         self._tiles = {}
 
     def _tiled(self, rows):
@@ -204,8 +198,7 @@ class Requant32:
                 if rows % d == 0:
                     k = d
                     break
-            names = ("lo_v", "hi_v", "mh", "kh", "ml", "kl", "s", "r") if not self.split \
-                else ("lo_v", "hi_v", "M", "C")
+            names = ("lo_v", "hi_v") + (("M", "C") if self.split else ("mu", "ku", "r"))
             t = (k,) + tuple(np.tile(getattr(self, a), k) for a in names)
             self._tiles[rows] = t
         return t
@@ -223,20 +216,16 @@ class Requant32:
             a = np.maximum(a, lo_v)
         np.minimum(a, hi_v, out=a)
         if self.split:
-            # y(a) in [lo, hi] now, so t = a*M + C lies in [lo + 128, hi + 129): truncation
-            # to uint8 is the floor (exactness of t: see Requant)
             t = a.astype(np.float64)
             t *= tiles[3]
             t += tiles[4]
             y = t.astype(np.uint8)
-            y ^= np.uint8(0x80)
-            return y.view(np.int8).reshape(shape)
-        mh, kh, ml, kl, s, r = tiles[3:]
-        u = a.view(np.uint32)
-        p = np.multiply(u, mh)
-        p += kh
-        p >>= (self.r_scalar if self.r_scalar is not None else r)
-        y = p.astype(np.uint8)
+        else:
+            u = a.view(np.uint32)
+            u *= tiles[3]
+            u += tiles[4]
+            u >>= (self.r_scalar if self.r_scalar is not None else tiles[5])
+            y = u.astype(np.uint8)
         y ^= np.uint8(0x80)
         return y.view(np.int8).reshape(shape)
 
@@ -741,32 +730,40 @@ def set_fast_plan(on):
     return old
 
 
+_PLANS = weakref.WeakKeyDictionary()
+
+
 def fast_plan(qg):
-    """The :class:`FastPlan` of ``qg``, built on first use and cached on the graph."""
+    """The :class:`FastPlan` of ``qg``, built on first use and cached (weakly) per graph;
+    rebuilt when the graph's layer list changes."""
     key = tuple(id(L) for L in qg.layers)
-    plan = qg.__dict__.get("_fast_plan")
+    plan = _PLANS.get(qg)
     if plan is None or plan.key != key:
         plan = FastPlan(qg)
         plan.key = key
-        qg.__dict__["_fast_plan"] = plan
+        _PLANS[qg] = plan
     return plan
 
 
-class _OrtDepthwise:
-    """Depthwise conv accumulators (no bias) via onnxruntime float ``Conv``: int8 NHWC in,
-    float32 NHWC out. Exact because every product and partial sum is an integer of
-    magnitude <= 128 * sum|w[c]| <= 2^24 (checked by the caller), so float32 holds each
-    one exactly whatever the summation order or FMA use."""
+class _OrtFloatConv:
+    """Convolution accumulators (no bias) via onnxruntime float ``Conv``: int8 in (NHWC, or
+    the logical NCHW when ``channel_first``), float32 NHWC out. Exact because every product
+    and partial sum is an integer of magnitude <= 128 * sum|w[c]| <= 2^24 (checked by the
+    caller), so float32 holds each one exactly whatever the summation order or FMA use."""
 
-    def __init__(self, L, shape_cl):
-        import onnx
+    def __init__(self, L, shape_cl, channel_first=False, pool=None):
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
         n_, h, w, c = shape_cl
         cout, _, kh, kw = L.qweight.shape
         t, l, b, r = L.pad
-        nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
-                 helper.make_node("Transpose", ["xf"], ["xt"], perm=[0, 3, 1, 2])]
+        nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT)]
+        if channel_first:
+            nodes.append(helper.make_node("Identity", ["xf"], ["xt"]))
+            shape_in = [n_, c, h, w]
+        else:
+            nodes.append(helper.make_node("Transpose", ["xf"], ["xt"], perm=[0, 3, 1, 2]))
+            shape_in = [n_, h, w, c]
         inits = [numpy_helper.from_array(L.qweight.astype(np.float32), "w")]
         src = "xt"
         if any(L.pad):
@@ -774,12 +771,20 @@ class _OrtDepthwise:
                       numpy_helper.from_array(np.array(float(L.zx), np.float32), "pv")]
             nodes.append(helper.make_node("Pad", ["xt", "p", "pv"], ["xp"]))
             src = "xp"
-        nodes += [helper.make_node("Conv", [src, "w"], ["yc"], group=c, kernel_shape=[kh, kw],
-                                   strides=list(L.stride), dilations=list(L.dilation),
-                                   pads=[0, 0, 0, 0]),
-                  helper.make_node("Transpose", ["yc"], ["y"], perm=[0, 2, 3, 1])]
-        g = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info(
-            "x", TensorProto.INT8, [n_, h, w, c])],
+        nodes += [helper.make_node("Conv", [src, "w"], ["yc"], group=L.groups,
+                                   kernel_shape=[kh, kw], strides=list(L.stride),
+                                   dilations=list(L.dilation), pads=[0, 0, 0, 0])]
+        if pool is not None:  # max pool of the accumulators (see FastPlan): exact
+            pt, pl, pb, pr = pool.pad
+            eb, er = pool.extra
+            nodes.append(helper.make_node(
+                "MaxPool", ["yc"], ["ym"], kernel_shape=list(pool.kernel),
+                strides=list(pool.stride), dilations=list(pool.dilation),
+                pads=[pt, pl, pb + eb, pr + er]))
+        nodes.append(helper.make_node("Transpose", ["ym" if pool is not None else "yc"], ["y"],
+                                      perm=[0, 2, 3, 1]))
+        g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info(
+            "x", TensorProto.INT8, shape_in)],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
         model.ir_version = min(model.ir_version, 9)
@@ -802,11 +807,15 @@ class FastPlan:
 
     * **channel shuffle** ``conv -> reshape [N, g, C/g, H, W] -> transpose (0, 2, 1, 3, 4)
       -> reshape [N, C, H, W]`` (ShuffleNet) becomes one conv whose output channels are
-      permuted (weights, bias, m, n permuted; grouped convs as block-diagonal dense
-      weights, whose zeros add nothing), when the intermediate tensors have no other use;
-    * **depthwise convs** sum their taps in onnxruntime float ``Conv`` (exact, see
-      :class:`_OrtDepthwise`; verified against the numpy kernel on first use), then the
-      usual exact requantize;
+      permuted (weights, bias, m, n permuted; convs with <= 8 groups as block-diagonal
+      dense weights, whose zeros add nothing), when the intermediate tensors have no other
+      use; the three layout layers disappear;
+    * **depthwise convs and dense kxk convs with <= 4 input channels** (first layers,
+      where im2col would copy 3-byte runs) sum their taps in onnxruntime float ``Conv``
+      (exact, see :class:`_OrtFloatConv`; each layer is checked once against the numpy
+      kernel on its first input and falls back to it on any difference); a max pool that
+      is such a conv's only consumer runs on the accumulators, before the requantize;
+    * every conv requantizes with :class:`Requant32` (falls back to :class:`Requant`);
     * **two-input add**: one 65536-entry table of the contract's int64 formula indexed by
       the two input bytes; **concat / rescale**: a 256-entry table per non-identity input.
       Tables hold exactly what :func:`qeltwise_int_slow` computes for every input code.
@@ -834,8 +843,9 @@ class FastPlan:
             elif L.op in ("concat", "rescale"):
                 step = self._concat_step(L)
             if step is None:
-                step = (lambda env, L=L: run_layer(qg, env, L))
+                step = (lambda env, L=L: run_layer(env.g, env, L))
             self.steps.append(step)
+        del self.qg  # the plan is cached weakly per graph: it must not keep the graph alive
 
     def run(self, env):
         for step in self.steps:
@@ -889,11 +899,26 @@ class FastPlan:
         t, l, b, r = L.pad
         ho = (h + t + b - (kh - 1) * L.dilation[0] - 1) // L.stride[0] + 1
         wo = (w + l + r - (kw - 1) * L.dilation[1] - 1) // L.stride[1] + 1
-        if cig == 1 and g > 1 and cout == g:
-            return self._depthwise_step(L, shape_cl)
+        if (cig == 1 and g > 1 and cout == g) or (cig <= 4 and kh * kw > 1 and g == 1):
+            pool = None
+            users = cons.get(L.output, [])
+            if len(users) == 1 and users[0].op == "maxpool" and L.output not in outputs and \
+                    len(shape) == 4:
+                pool = users[0]
+            step = self._float_conv_step(L, shape_cl, len(shape) == 4, pool)
+            if step is None and pool is not None:
+                step = self._float_conv_step(L, shape_cl, len(shape) == 4)
+            elif pool is not None:
+                skip.add(id(pool))
+            if step is not None:
+                return step
         out = L.output
         fused = self._shuffle_after(L, cons, outputs)
-        if fused is not None and g <= BLOCK_DIAG_MAX_GROUPS:
+        if fused is None or g > BLOCK_DIAG_MAX_GROUPS:
+            fused = None
+            if cig == 1 and g > 1 and cout == g:
+                return None  # depthwise the float Conv cannot take: the numpy kernel
+        if fused is not None:
             perm, chain = fused
             cog = cout // g
             dense = np.zeros((cout, cig * g, kh, kw), np.int8)
@@ -916,30 +941,48 @@ class FastPlan:
             env.put(out, (rq_u8 if use_ort else rq)(acc).reshape(oshape), "cl")
         return step
 
-    def _depthwise_step(self, L, shape_cl):
+    def _float_conv_step(self, L, shape_cl, rank4, pool=None):
+        """Depthwise convs and convs with few input channels (im2col would copy tiny channel
+        runs): taps summed by :class:`_OrtFloatConv`, checked once against the numpy kernel.
+        The input is read in whatever layout it is stored (the network input is NCHW).
+
+        ``pool``: the conv's only consumer, a max pool, runs on the accumulators before the
+        requantize (a first conv's output is 4x its pooled size): requantize is
+        non-decreasing in the accumulator, so max(rq(a_i)) == rq(max(a_i)), and the int8
+        pool's -128 padding never wins over a real value, like the float pool's -inf."""
         cout = L.qweight.shape[0]
         c = _conv_prep(L)
         if 128 * int(np.abs(L.qweight.astype(np.int64)).reshape(cout, -1).sum(1).max()) > 2**24:
             return None
         rq = self._rq(L, L.bias, c["rq"])
         state = {}
+        out = L.output if pool is None else pool.output
+
+        def reference(x_cl):
+            y = qconv_int(x_cl, L)
+            return y if pool is None else qmaxpool_int(y, pool)
 
         def step(env):
-            x = env.cl(L.input)
-            if "ort" not in state:
-                ref = qconv_int(x, L)
+            x, lay = env.any(L.input)
+            cf = lay == "lg" and rank4
+            if not cf:
+                x = env.cl(L.input)
+            sess = state.get(cf, 0)
+            if sess == 0:  # first call in this layout: build and verify
+                ref = reference(env.cl(L.input))
                 try:
-                    ortc = _OrtDepthwise(L, shape_cl)
-                    ok = np.array_equal(rq(ortc(x)), ref)
+                    sess = _OrtFloatConv(L, shape_cl, channel_first=cf, pool=pool)
+                    if not np.array_equal(rq(sess(x)), ref):
+                        sess = None
                 except Exception:
-                    ok = False
-                state["ort"] = ortc if ok else None
+                    sess = None
+                state[cf] = sess
                 y = ref
-            elif state["ort"] is None:
-                y = qconv_int(x, L)
+            elif sess is None:
+                y = reference(env.cl(L.input))
             else:
-                y = rq(state["ort"](x))
-            env.put(L.output, y, "cl")
+                y = rq(sess(x))
+            env.put(out, y, "cl")
         return step
 
     # ---------------------------------------------------------------- add / concat
