@@ -35,7 +35,7 @@ from amaranth.lib.memory import Memory
 
 from .config import AcceleratorConfig
 from .isa import compute_insn_layout
-from .systolic import SystolicArray
+from .systolic import SystolicArray, min_tile_rows
 from .postproc import Requantizer, LATENCY as RQ_LATENCY
 
 __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
@@ -331,32 +331,49 @@ class ComputeEngine(wiring.Component):
             b_psum.eq(array.out.payload.data),
             b_aux.eq(bj.aux), b_zy.eq(bj.zy), b_lo.eq(bj.lo), b_hi.eq(bj.hi),
         ]
-        old = data.View(data.ArrayLayout(signed(cfg.acc_bits), C), acc_rp.data)
-        s = Signal(data.ArrayLayout(signed(cfg.acc_bits), C))
-        for c in range(C):
-            m.d.comb += s[c].eq(Mux(b_first, b_aux[c].bias, old[c]) + b_psum[c])
-        m.d.comb += [acc_wp.addr.eq(b_addr), acc_wp.data.eq(s), acc_wp.en.eq(b_valid & ~b_last)]
-
-        # stage C: register the sums before the requantizer (keeps the accumulator read,
-        # the add and the requantizer's multipliers in separate cycles)
-        c_valid = Signal(); c_side = Signal(19)
-        c_s = Signal(data.ArrayLayout(signed(cfg.acc_bits), C))
+        # The accumulator read-modify-write is split over stages so that neither the block
+        # RAM's clock-to-out nor its write setup shares a cycle with the 32-bit adders:
+        #   A: read address   B: RAM data out   C: add (registered)   D: write + requantize
+        # No forwarding is needed: a row is read again only by the same pixel of the next
+        # K tile, at least min_tile_rows = 2R + C + 1 >= 4 cycles later (the array cannot
+        # start a tile sooner), by which time the write (stage D, 3 cycles after the read)
+        # has committed. The read port is transparent as well, for good measure.
+        acc_row = data.ArrayLayout(signed(cfg.acc_bits), C)
+        c_valid = Signal(); c_first = Signal(); c_last = Signal(); c_end = Signal(); c_push = Signal()
+        c_addr = Signal(16); c_out = Signal(16)
+        c_psum = Signal(acc_row); c_old = Signal(acc_row)
         c_aux = Signal(aux_layout(cfg))
         c_zy = Signal(8); c_lo = Signal(8); c_hi = Signal(8)
         m.d.sync += [
-            c_valid.eq(b_valid & (b_last | b_end)),
-            c_side.eq(Cat(b_out, b_last, b_end, b_push)),
-            c_s.eq(s), c_aux.eq(b_aux), c_zy.eq(b_zy), c_lo.eq(b_lo), c_hi.eq(b_hi),
+            c_valid.eq(b_valid), c_first.eq(b_first), c_last.eq(b_last), c_end.eq(b_end),
+            c_push.eq(b_push), c_addr.eq(b_addr), c_out.eq(b_out), c_psum.eq(b_psum),
+            c_old.eq(acc_rp.data), c_aux.eq(b_aux), c_zy.eq(b_zy), c_lo.eq(b_lo), c_hi.eq(b_hi),
         ]
+        d_valid = Signal(); d_we = Signal(); d_rq = Signal(); d_side = Signal(19)
+        d_addr = Signal(16); d_sum = Signal(acc_row)
+        d_aux = Signal(aux_layout(cfg))
+        d_zy = Signal(8); d_lo = Signal(8); d_hi = Signal(8)
+        assert min_tile_rows(R, C) >= 4, "the accumulator pipeline relies on it"
+        old = c_old
+        s = Signal(acc_row)
+        for c in range(C):
+            m.d.comb += s[c].eq(Mux(c_first, c_aux[c].bias, old[c]) + c_psum[c])
+        m.d.sync += [
+            d_valid.eq(c_valid), d_we.eq(c_valid & ~c_last), d_rq.eq(c_valid & (c_last | c_end)),
+            d_side.eq(Cat(c_out, c_last, c_end, c_push)), d_addr.eq(c_addr), d_sum.eq(s),
+            d_aux.eq(c_aux), d_zy.eq(c_zy), d_lo.eq(c_lo), d_hi.eq(c_hi),
+        ]
+        m.d.comb += [acc_wp.addr.eq(d_addr), acc_wp.data.eq(d_sum), acc_wp.en.eq(d_valid & d_we)]
+
         m.submodules.rq = rq = Requantizer(C, cfg.acc_bits, cfg.input_bits, side_bits=19)
         m.d.comb += [
-            rq.i_valid.eq(c_valid),
-            rq.i_acc.eq(c_s),
-            rq.i_zy.eq(c_zy), rq.i_lo.eq(c_lo), rq.i_hi.eq(c_hi),
-            rq.i_side.eq(c_side),
+            rq.i_valid.eq(d_rq),
+            rq.i_acc.eq(d_sum),
+            rq.i_zy.eq(d_zy), rq.i_lo.eq(d_lo), rq.i_hi.eq(d_hi),
+            rq.i_side.eq(d_side),
         ]
         for c in range(C):
-            m.d.comb += [rq.i_m[c].eq(c_aux[c].m), rq.i_n[c].eq(c_aux[c].n)]
+            m.d.comb += [rq.i_m[c].eq(d_aux[c].m), rq.i_n[c].eq(d_aux[c].n)]
         o_we = rq.o_side[16]
         o_end = rq.o_side[17]
         o_push = rq.o_side[18]
@@ -368,7 +385,7 @@ class ComputeEngine(wiring.Component):
         ]
 
         # -------------------------------------------------------------------- idle
-        pipe = Signal(RQ_LATENCY + 2)
+        pipe = Signal(RQ_LATENCY + 4)
         m.d.sync += pipe.eq(Cat(b_valid, pipe[:-1]))
         m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.r_rdy & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
                                  & ~afifo.r_rdy & ~wfifo.r_rdy & ~a_inflight & ~w_inflight

@@ -173,7 +173,7 @@ DMA_READ_LATENCY = 6       # AR -> first beat in a scratchpad (AXI RAM model)
 DMA_WRITE_LATENCY = 6      # last W beat -> B response
 DECODE_LATENCY = 6         # COMPUTE dequeued -> job in the feeders
 FEED_LATENCY = 3           # feeder read -> array input
-BACKEND_LATENCY = 3 + RQ_LATENCY
+BACKEND_LATENCY = 4 + RQ_LATENCY
 
 
 def estimate_cycles(prog) -> CycleReport:

@@ -31,6 +31,7 @@ LAYERS_SMALL = [
     dict(cin=9, cout=6, k=1, stride=1, pad=0, hw=[1, 1], seed=5),
     dict(cin=6, cout=5, k=3, stride=1, pad=2, hw=[6, 6], dilation=2, seed=6),
     dict(cin=37, cout=11, k=1, stride=1, pad=0, hw=[1, 3], seed=7, name="gemm"),
+    dict(cin=21, cout=6, k=1, stride=1, pad=0, hw=[1, 2], seed=8, name="gemm2"),
 ]
 LAYERS_8 = [
     dict(cin=3, cout=10, k=3, stride=1, pad=1, hw=[12, 10], seed=11),
