@@ -23,7 +23,7 @@ Two independent engines, running concurrently:
   while the in-flight budget allows, without waiting for data. ``rready`` is always high;
   each R beat appears on ``sp_we``/``sp_waddr``/``sp_wdata`` one cycle later.
 * **Write** (``wr_cmd``, scratchpad -> DRAM): each command is first checked against the
-  output window (three cycles, overlapped with the previous command's bursts); a command
+  output window (five cycles, overlapped with the previous command's bursts); a command
   touching a byte outside ``[window_lo, window_hi)`` is rejected with error 5 and issues
   nothing. AWs run ahead of the data up to ``max_wr_bursts`` outstanding bursts; the
   scratchpad is read with credits so that no more than ``w_buffer`` words are in flight
@@ -43,9 +43,9 @@ Timing (no bus stalls; deterministic, see docs/dma_csr.md): a read command accep
 cycle 0 presents its first AR in cycle 2 and ARs follow one per cycle; each R beat reaches
 ``sp_we`` one cycle later, so a contiguous read of N beats finishes (``rd_done``) in cycle
 ``N + 2 + L`` where L is the slave's AR-to-first-R latency (2 for cocotbext-axi's AxiRam).
-A write command accepted in cycle 0 presents its first AW in cycle 5 (three cycles of window
+A write command accepted in cycle 0 presents its first AW in cycle 7 (five cycles of window
 check) and its first W beat in cycle 7 (scratchpad read + W buffer); a contiguous write of
-N beats gets ``wr_done`` in cycle N + 10 against AxiRam (window check: three cycles). The next command of the same engine
+N beats gets ``wr_done`` in cycle N + 12 against AxiRam (window check: five cycles). The next command of the same engine
 is accepted once the burst generator has issued the previous command's last burst.
 """
 
@@ -440,7 +440,7 @@ class DMA(wiring.Component):
 
         # =============================================================== write engine
         agw = m.submodules.wr_bursts = _BurstGen(cfg)
-        # -- intake and window check (three cycles, overlapped with the running command)
+        # -- intake and window check (five cycles, overlapped with the running command)
         wdesc = Signal(desc_layout(cfg))
         ext1 = Signal(48)
         ext2 = Signal(48)
@@ -451,11 +451,7 @@ class DMA(wiring.Component):
         wr_kill_r = Signal()
         win_bad = Signal()
         m.d.comb += wr_kill.eq(error | wr_kill_r)
-        wb_end = Signal(ab + 50)
-        m.d.comb += [
-            wb_end.eq(wdesc.addr + ext1 + ext2 + rowbytes),
-            win_bad.eq((wdesc.addr < self.window_lo) | (wb_end > self.window_hi)),
-        ]
+        wb_end = Signal(ab + 50)            # registered in SUM, compared in CMP (Fmax)
         bfifo_layout = data.StructLayout({"addr": unsigned(ab), "last": unsigned(1)})
         bfifo = m.submodules.wr_inflight = SyncFIFO(width=bfifo_layout.size, depth=self.max_wr_bursts)
         wb_layout = data.StructLayout({"sp": unsigned(16), "blen": range(cfg.max_burst + 1),
@@ -497,6 +493,12 @@ class DMA(wiring.Component):
                     ext1.eq(ext1_lo + (ext1_hi << 16)),
                     ext2.eq(ext2_lo + (ext2_hi << 16)),
                 ]
+                m.next = "SUM"
+            with m.State("SUM"):
+                m.d.sync += wb_end.eq(wdesc.addr + ext1 + ext2 + rowbytes)
+                m.next = "CMP"
+            with m.State("CMP"):
+                m.d.sync += win_bad.eq((wdesc.addr < self.window_lo) | (wb_end > self.window_hi))
                 m.next = "CHECK"
             with m.State("CHECK"):
                 with m.If(error):

@@ -78,6 +78,8 @@ def _run_bursts(cfg, descs, kind, window=None, ready_every=1):
             if taken:
                 queue.pop(0)
             if not queue and not ctx.get(dut.busy) and cycle > 4:
+                if ctx.get(dut.error) and not errors:   # an error raised on the last edge
+                    errors.append((ctx.get(dut.error_code), ctx.get(dut.error_addr)))
                 break
 
     sim = Simulator(dut)
