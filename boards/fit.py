@@ -127,7 +127,9 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
 
 
 #: Measured cost of one requantizer lane (hw/postproc.py), beyond its multipliers.
-_RQ_LANE = {"ecp5": {"lut": 627, "ff": 249}, "ice40": {"lut": 533, "ff": 249},
+#: ECP5 FF refitted after pipelining the requantizer and accumulator (8x8 accelerator,
+#: 14529 FFs measured 2026-11-29); iCE40/xc7 still carry the first-pass figures.
+_RQ_LANE = {"ecp5": {"lut": 627, "ff": 536}, "ice40": {"lut": 533, "ff": 249},
             "xc7": {"lut": 372, "ff": 218}}
 
 #: Block RAM geometries (depth, width, byte-enable slot width or 0).
@@ -189,7 +191,7 @@ def _scratchpads(cfg: AcceleratorConfig, family):
 #: "lane" is (rows + cols) / 2. Fitted to yosys synthesis of hw/top.py at 4x4 and 8x8
 #: (bus 128); the DSPs are the compute engine's address multipliers. See docs/boards.md.
 _GLUE = {
-    "ecp5": (5362, 3384, 6, 6, 70, 143, 14),
+    "ecp5": (5362, 3384, 6, 6, 70, 143, 16),     # 16 DSPs: refitted 2026-11-29 (decode, DMA)
     "ice40": (5362, 3384, 6, 6, 70, 143, 14),
     "xc7": (1925, 2333, 4, 6, 297, 220, 13),
 }
