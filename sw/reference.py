@@ -40,13 +40,16 @@ import weakref
 import numpy as np
 
 from ..errors import DnnfabError
+from . import kernels as _K
 from .ir import from_cl, pad_nhwc, run_float_layer, to_cl, windows_nhwc
 from .quantize import (QAvgPool, QClip, QConv, QEltwise, QFloat, QGemm, QLayout, QLut,
                        QMaxPool, dequantize_tensor, quantize_tensor, requantize)
 
 K_CHUNK = 1024           # int8*int8 partial sums in float32 stay exact below 2^24
 BLOCK_DIAG_MAX_GROUPS = 8
+GROUPED_MAX_ROWS = 256   # grouped 1x1 convs with <= this many output pixels: per-group GEMMs
 ORT_MIN_MACS = 1 << 12   # below this numpy BLAS beats the ~5 us session call
+ORT_SINGLE_THREAD_MACS = 24 << 20  # smaller GEMMs run single-threaded (see PreparedGemm.ort)
 _ENGINE = {"name": os.environ.get("DNNFAB_GEMM_ENGINE", "auto"), "ort_ok": None}
 
 
@@ -230,11 +233,62 @@ class Requant32:
         return y.view(np.int8).reshape(shape)
 
 
+def _per_channel(c, bias, m, n):
+    """(bias, m, n) as contiguous int64 [c] arrays (bias None -> zeros)."""
+    b = np.zeros(c, np.int64) if bias is None else np.broadcast_to(np.asarray(bias, np.int64), (c,))
+    return tuple(np.ascontiguousarray(np.broadcast_to(np.asarray(v, np.int64), (c,)))
+                 for v in (b, m, n))
+
+
+class RequantK:
+    """The requantize of :class:`Requant` as one fused pass
+    (:func:`dnnfab.sw.kernels.requant_rows`, literal int64 contract arithmetic), for
+    accumulators of shape [..., C] (int32/int64 or float32/64 holding exact integers)."""
+
+    ok = True
+
+    def __init__(self, m, n, zy, lo, hi, bias=None, dst=None):
+        self.c = int(np.size(m)) if np.ndim(m) else (1 if bias is None else int(np.size(bias)))
+        self.bias, self.m, self.n = _per_channel(self.c, bias, m, n)
+        self.zy, self.lo, self.hi = int(zy), int(lo), int(hi)
+        #: output channel of accumulator column j (a fused channel shuffle), else identity
+        self.dst = np.arange(self.c, dtype=np.int64) if dst is None else \
+            np.ascontiguousarray(dst, dtype=np.int64)
+
+    def __call__(self, acc):
+        shape = acc.shape
+        a = np.ascontiguousarray(acc).reshape(-1, self.c)
+        y = np.empty(a.shape, np.int8)
+        _K.requant_rows(a, self.bias, self.m, self.n, self.zy, self.lo, self.hi, self.dst, y)
+        return y.reshape(shape)
+
+    def add(self, acc, other, add, first):
+        """``rq`` fused with the residual ``add`` (a QEltwise) whose other input is
+        ``other`` (int8, output channel order, same shape as the result); ``first``: the
+        conv is the add's input 0."""
+        a = np.ascontiguousarray(acc).reshape(-1, self.c)
+        y = np.empty(a.shape, np.int8)
+        _K.requant_add(a, self.bias, self.m, self.n, self.zy, self.lo, self.hi, self.dst,
+                       np.ascontiguousarray(other).reshape(-1, self.c), first,
+                       int(add.k[0]), int(add.z[0]), int(add.k[1]), int(add.z[1]),
+                       int(add.m), int(add.n), int(add.zy), int(add.lo), int(add.hi), y)
+        return y
+
+
+def _lut1(x, table):
+    """``table[x & 0xff]`` for int8 ``x`` (one pass with numba, else ``np.take``)."""
+    if _K.AVAILABLE and x.flags.c_contiguous:
+        y = np.empty(x.shape, np.int8)
+        _K.lut1(x.reshape(-1), table, y.reshape(-1))
+        return y
+    return np.take(table, x.view(np.uint8))
+
+
 # ====================================================================== int GEMM
 class _OrtMatMulInteger:
     """Cached onnxruntime session computing uint8 [M, K] x int8 [K, N] -> int32."""
 
-    def __init__(self, w_kn):
+    def __init__(self, w_kn, threads=None):
         import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
@@ -247,11 +301,46 @@ class _OrtMatMulInteger:
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
         model.ir_version = min(model.ir_version, 9)
         so = ort.SessionOptions()
-        so.intra_op_num_threads = _threads()
+        so.intra_op_num_threads = threads or _threads()
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         # one small session per layer: idle pool threads must sleep, not spin, or dozens of
         # spinning pools starve the Python thread between calls
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.sess = ort.InferenceSession(model.SerializeToString(), so,
+                                         providers=["CPUExecutionProvider"])
+
+    def __call__(self, a_u8):
+        return self.sess.run(None, {"a": a_u8})[0]
+
+
+class _OrtGroupedMatMulInteger:
+    """One onnxruntime session computing a grouped 1x1 convolution's accumulators:
+    uint8 [M, g*K] -> Split into g column blocks -> MatMulInteger with int8 [K, N] each ->
+    Concat -> int32 [M, g*N]. Exact like :class:`_OrtMatMulInteger`; for small M it beats
+    one dense GEMM with a block-diagonal weight matrix (g times the MACs): measured 25 vs
+    37 us (M=196, g=4, K=N=68) and 17 vs 35 us (M=49, K=N=136), single-threaded."""
+
+    def __init__(self, ws, threads=1):
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+        g = len(ws)
+        k = ws[0].shape[0]
+        nodes = [helper.make_node("Split", ["a", "sp"], [f"a{i}" for i in range(g)], axis=1)]
+        inits = [numpy_helper.from_array(np.full(g, k, np.int64), "sp")]
+        for i, w in enumerate(ws):
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.int8), f"w{i}"))
+            nodes.append(helper.make_node("MatMulInteger", [f"a{i}", f"w{i}"], [f"y{i}"]))
+        nodes.append(helper.make_node("Concat", [f"y{i}" for i in range(g)], ["y"], axis=1))
+        graph = helper.make_graph(
+            nodes, "gmmi", [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", g * k])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = min(model.ir_version, 9)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.sess = ort.InferenceSession(model.SerializeToString(), so,
                                          providers=["CPUExecutionProvider"])
@@ -300,10 +389,19 @@ class PreparedGemm:
             return False
         return _ort_available()
 
-    def ort(self):
+    def ort(self, m=None):
+        """The onnxruntime session for ``m`` rows: single-threaded below
+        :data:`ORT_SINGLE_THREAD_MACS` (waking a sleeping pool thread costs more than it
+        saves there; measured 1.2-1.3x faster for 13-15 M MACs), else the reference's
+        thread count."""
+        threads = 1 if m is not None and m * self.k * self.n < ORT_SINGLE_THREAD_MACS \
+            else _threads()
         if self._ort is None:
-            self._ort = _OrtMatMulInteger(self.w)
-        return self._ort
+            self._ort = {}
+        sess = self._ort.get(threads)
+        if sess is None:
+            sess = self._ort[threads] = _OrtMatMulInteger(self.w, threads)
+        return sess
 
     def matmul_f32(self, a_f32):
         """Exact int GEMM via float32 BLAS with K chunks; returns float32 (K <= 1024) or
@@ -321,7 +419,7 @@ def int_matmul(a_i8, prep):
     """Exact int8 [M, K] x int8 [K, N] -> integer accumulators (int32 or exact float32)."""
     if prep.use_ort(a_i8.shape[0]):
         a_u8 = a_i8.view(np.uint8) ^ np.uint8(0x80)
-        return prep.ort()(a_u8) - 128 * prep.colsum
+        return prep.ort(a_u8.shape[0])(a_u8) - 128 * prep.colsum
     return prep.matmul_f32(a_i8.astype(np.float32))
 
 
@@ -417,7 +515,7 @@ def _conv_acc(x, L, c, ho, wo):
         else:
             sub = win if len(groups) == 1 else win[..., gi * cig:(gi + 1) * cig]
             cols = np.ascontiguousarray(sub).reshape(m, kh * kw * cig)
-        accs.append(prep.ort()(cols) if use_ort else prep.matmul_f32(cols))
+        accs.append(prep.ort(m)(cols) if use_ort else prep.matmul_f32(cols))
     acc = accs[0] if len(accs) == 1 else np.concatenate(accs, axis=1)
     return acc, use_ort
 
@@ -832,6 +930,8 @@ class FastPlan:
                 cons.setdefault(t, []).append(L)
         skip = set()
         self.steps = []
+        #: position of each tensor's producer (graph inputs: -1)
+        self.pos = {L.output: i for i, L in enumerate(qg.layers)}
         for L in qg.layers:
             if id(L) in skip:
                 continue
@@ -842,6 +942,8 @@ class FastPlan:
                 step = self._add_step(L)
             elif L.op in ("concat", "rescale"):
                 step = self._concat_step(L)
+            elif L.op == "avgpool":
+                step = self._avgpool_step(L)
             if step is None:
                 step = (lambda env, L=L: run_layer(env.g, env, L))
             self.steps.append(step)
@@ -881,6 +983,8 @@ class FastPlan:
 
     @staticmethod
     def _rq(L, bias, fallback):
+        if _K.AVAILABLE:
+            return RequantK(L.m, L.n, L.zy, L.lo, L.hi, bias)
         r = Requant32(L.m, L.n, L.zy, L.lo, L.hi, bias)
         return r if r.ok else fallback
 
@@ -899,6 +1003,8 @@ class FastPlan:
         t, l, b, r = L.pad
         ho = (h + t + b - (kh - 1) * L.dilation[0] - 1) // L.stride[0] + 1
         wo = (w + l + r - (kw - 1) * L.dilation[1] - 1) // L.stride[1] + 1
+        if cig == 1 and g > 1 and cout == g and _K.AVAILABLE:
+            return self._dw_step(L, (n_, ho, wo, cout))
         if (cig == 1 and g > 1 and cout == g) or (cig <= 4 and kh * kw > 1 and g == 1):
             pool = None
             users = cons.get(L.output, [])
@@ -914,6 +1020,10 @@ class FastPlan:
                 return step
         out = L.output
         fused = self._shuffle_after(L, cons, outputs)
+        if 1 < g and kh == kw == 1 and not any(L.pad) and n_ * ho * wo <= GROUPED_MAX_ROWS \
+                and cig * g == shape_cl[3] and _K.AVAILABLE and _ENGINE["name"] != "numpy" \
+                and _ort_available():
+            return self._grouped_step(L, (n_, ho, wo, cout), fused, cons, outputs, skip)
         if fused is None or g > BLOCK_DIAG_MAX_GROUPS:
             fused = None
             if cig == 1 and g > 1 and cout == g:
@@ -935,10 +1045,114 @@ class FastPlan:
         rq = self._rq(L, L.bias, c["rq"])
         rq_u8 = self._rq(L, c["rq_u8"].bias, c["rq_u8"])
         oshape = (n_, ho, wo, cout)
+        add = self._add_after(L, out, cons, outputs) if _K.AVAILABLE else None
+        if add is not None:
+            skip.add(id(add))
+            other, first = (add.inputs[1], True) if add.inputs[0] == out else (add.inputs[0], False)
+
+            def step(env):
+                acc, use_ort = _conv_acc(env.cl(L.input), L, c, ho, wo)
+                y = (rq_u8 if use_ort else rq).add(acc, env.cl(other), add, first)
+                env.put(add.output, y.reshape(oshape), "cl")
+            return step
 
         def step(env):
             acc, use_ort = _conv_acc(env.cl(L.input), L, c, ho, wo)
             env.put(out, (rq_u8 if use_ort else rq)(acc).reshape(oshape), "cl")
+        return step
+
+    def _grouped_step(self, L, oshape, fused, cons, outputs, skip):
+        """Grouped 1x1 conv with few output rows: per-group GEMMs in one onnxruntime
+        session (:class:`_OrtGroupedMatMulInteger`), a fused channel shuffle applied as the
+        requantize's output permutation, a consuming residual add fused too."""
+        cout, cig = L.qweight.shape[:2]
+        g = L.groups
+        cog = cout // g
+        ws = [L.qweight[i * cog:(i + 1) * cog, :, 0, 0].T for i in range(g)]
+        colsum = L.qweight.astype(np.int64).reshape(cout, -1).sum(1)
+        out, dst = L.output, None
+        if fused is not None:
+            perm, chain = fused
+            dst = np.argsort(perm)          # old channel o -> new position dst[o]
+            out = chain[-1].output
+            skip.update(id(x) for x in chain)
+        rq = RequantK(L.m, L.n, L.zy, L.lo, L.hi, L.bias.astype(np.int64) - 128 * colsum, dst)
+        sess = _OrtGroupedMatMulInteger(ws)
+        sy, sx = L.stride
+        n_, ho, wo, _ = oshape
+        m = n_ * ho * wo
+
+        def acc_of(env):
+            x = env.cl(L.input)
+            if sy != 1 or sx != 1:
+                x = x[:, ::sy, ::sx, :][:, :ho, :wo, :]
+            xs = x.view(np.uint8) ^ np.uint8(0x80)       # int8 -> uint8 (+128), contiguous
+            return sess(xs.reshape(m, -1))
+
+        add = self._add_after(L, out, cons, outputs)
+        if add is not None:
+            skip.add(id(add))
+            other, first = (add.inputs[1], True) if add.inputs[0] == out else (add.inputs[0], False)
+
+            def step(env):
+                y = rq.add(acc_of(env), env.cl(other), add, first)
+                env.put(add.output, y.reshape(oshape), "cl")
+            return step
+
+        def step(env):
+            env.put(out, rq(acc_of(env)).reshape(oshape), "cl")
+        return step
+
+    def _add_after(self, L, out, cons, outputs):
+        """The two-input residual add that is the only consumer of conv ``L``'s output
+        ``out`` and whose other input exists before ``L`` runs, else None."""
+        users = cons.get(out, [])
+        if len(users) != 1 or out in outputs or users[0].op != "add":
+            return None
+        add = users[0]
+        if len(add.inputs) != 2 or add.inputs[0] == add.inputs[1] or \
+                np.ndim(add.m) or np.ndim(add.n):
+            return None
+        other = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
+        qg = self.qg
+        if tuple(qg.shape(other)) != tuple(qg.shape(out)) or len(qg.shape(out)) not in (3, 4):
+            return None
+        if self.pos.get(other, -1) >= self.pos[L.output]:
+            return None
+        return add
+
+    @staticmethod
+    def _dw_step(L, oshape):
+        """Depthwise conv with the requantize fused (:func:`dnnfab.sw.kernels.dwconv`)."""
+        cout = oshape[-1]
+        w = np.ascontiguousarray(L.qweight[:, 0].transpose(1, 2, 0), dtype=np.int32)
+        ch = _per_channel(cout, L.bias, L.m, L.n)
+        args = (int(L.zx), int(L.stride[0]), int(L.stride[1]), int(L.dilation[0]),
+                int(L.dilation[1]), int(L.pad[0]), int(L.pad[1])) + ch + \
+            (int(L.zy), int(L.lo), int(L.hi))
+
+        def step(env):
+            y = np.empty(oshape, np.int8)
+            _K.dwconv(env.cl(L.input), w, *args, y)
+            env.put(L.output, y, "cl")
+        return step
+
+    def _avgpool_step(self, L):
+        shape = tuple(self.qg.shape(L.input))
+        if len(shape) != 4 or not _K.AVAILABLE:
+            return None
+        n_, c, h, w = shape
+        pads, ho, wo = _pool_geom(L, np.empty((n_, h, w, c), np.int8))
+        m = np.ascontiguousarray(np.broadcast_to(L.m, (ho, wo)), dtype=np.int64)
+        nn = np.ascontiguousarray(np.broadcast_to(L.n, (ho, wo)), dtype=np.int64)
+        args = (int(L.kernel[0]), int(L.kernel[1]), int(L.stride[0]), int(L.stride[1]),
+                int(L.dilation[0]), int(L.dilation[1]), int(pads[0]), int(pads[1]),
+                int(L.zx), m, nn, int(L.zy), int(L.lo), int(L.hi))
+
+        def step(env):
+            y = np.empty((n_, ho, wo, c), np.int8)
+            _K.avgpool(env.cl(L.input), *args, y)
+            env.put(L.output, y, "cl")
         return step
 
     def _float_conv_step(self, L, shape_cl, rank4, pool=None):
@@ -1002,9 +1216,14 @@ class FastPlan:
                 x0, x1, lay = env.cl(a), env.cl(b), "cl"
             else:
                 x0, x1, lay = env.lg(a), env.lg(b), "lg"
-            idx = np.left_shift(x0.view(_U8), 8, dtype=np.uint16)
-            idx |= x1.view(_U8)
-            env.put(L.output, np.take(table, idx), lay)
+            if _K.AVAILABLE and x0.flags.c_contiguous and x1.flags.c_contiguous:
+                y = np.empty(x0.shape, np.int8)
+                _K.lut2(x0.reshape(-1), x1.reshape(-1), table, y.reshape(-1))
+            else:
+                idx = np.left_shift(x0.view(_U8), 8, dtype=np.uint16)
+                idx |= x1.view(_U8)
+                y = np.take(table, idx)
+            env.put(L.output, y, lay)
         return step
 
     def _concat_step(self, L):
@@ -1026,7 +1245,7 @@ class FastPlan:
             else:
                 xs, lay = [env.lg(t) for t in L.inputs], "lg"
                 axis = L.axis
-            parts = [x if tb is None else np.take(tb, x.view(_U8)) for x, tb in zip(xs, tables)]
+            parts = [x if tb is None else _lut1(x, tb) for x, tb in zip(xs, tables)]
             y = parts[0] if op == "rescale" else np.concatenate(parts, axis=axis)
             env.put(L.output, y, lay)
         return step

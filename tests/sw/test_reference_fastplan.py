@@ -48,9 +48,14 @@ def _assert_plan_equal(q, feed):
     return slow, fast
 
 
+@pytest.mark.parametrize("numba", [True, False], ids=["numba", "no-numba"])
 @pytest.mark.parametrize("engine", ["auto", "numpy"])
 @pytest.mark.parametrize("name", ["shufflenet", "squeezenet"])
-def test_fast_plan_equals_layer_by_layer_on_randomized_zoo(name, engine):
+def test_fast_plan_equals_layer_by_layer_on_randomized_zoo(name, engine, numba, monkeypatch):
+    if not numba:   # the plan without the fused kernels (numba missing or DNNFAB_NUMBA=0)
+        monkeypatch.setattr(R._K, "AVAILABLE", False)
+    elif not R._K.AVAILABLE:
+        pytest.skip("numba not installed (a dependency)")
     g = dnnfab.load(mh.randomized(name))
     q = dnnfab.quantize(g, calibration=mh.input_feed(g, seed=5, n=2))
     old = R.set_engine(engine)
@@ -64,6 +69,10 @@ def test_fast_plan_equals_layer_by_layer_on_randomized_zoo(name, engine):
     if name == "shufflenet":  # the channel shuffles were fused into their convs
         assert len(plan.steps) < len(q.layers) - 40
         assert len(fast) < len(slow)
+        if numba:  # ... and every residual add into the conv producing one of its inputs
+            adds = [L for L in q.layers if L.op == "add"]
+            assert adds and all(not set(L.inputs) <= set(fast) for L in adds)
+            assert len(plan.steps) <= len(q.layers) - 40 - len(adds)
 
 
 @pytest.mark.parametrize("name", sorted(mh.CASES))
@@ -130,8 +139,10 @@ def test_requant32_equals_contract(seed, nlo, clamp, big_bias):
 @pytest.mark.parametrize("name", ["conv_depthwise", "conv_depthwise_mult", "conv_grouped",
                                   "maxpool", "conv_bn_relu"])
 def test_fast_plan_without_float_convs(name, monkeypatch):
-    """The numpy fallbacks the plan uses when a layer cannot go to the float Conv."""
+    """The numpy fallbacks the plan uses when a layer cannot go to the float Conv (and
+    numba's fused kernels are not there)."""
     monkeypatch.setattr(R.FastPlan, "_float_conv_step", lambda self, *a, **k: None)
+    monkeypatch.setattr(R._K, "AVAILABLE", False)
     g = dnnfab.load(mh.case(name))
     q = dnnfab.quantize(g, calibration=mh.input_feed(g, seed=5, n=4 * g.inputs[0].shape[0]))
     _assert_plan_equal(q, mh.input_feed(g, seed=3))
@@ -139,6 +150,7 @@ def test_fast_plan_without_float_convs(name, monkeypatch):
 
 def test_fast_plan_shufflenet_without_float_convs(monkeypatch):
     monkeypatch.setattr(R.FastPlan, "_float_conv_step", lambda self, *a, **k: None)
+    monkeypatch.setattr(R._K, "AVAILABLE", False)
     g = dnnfab.load(mh.randomized("shufflenet"))
     q = dnnfab.quantize(g, calibration=mh.input_feed(g, seed=5, n=1))
     _assert_plan_equal(q, mh.input_feed(g, seed=1))

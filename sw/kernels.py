@@ -1,0 +1,153 @@
+"""Fused integer kernels of the reference network, compiled with numba.
+
+The integer reference (:mod:`dnnfab.sw.reference`) spends its time in two kinds of work:
+big GEMMs (onnxruntime ``MatMulInteger`` / float32 BLAS, already near peak) and many
+passes over activation-sized arrays (requantize, depthwise taps, table lookups), each a
+separate numpy call. The kernels here do each of the latter in **one pass**, in the
+literal int64 arithmetic of the contract (DESIGN.md section 3; no floating point, so
+exactness needs no argument). They run single-threaded: numba's parallel loops, measured
+with 2 threads next to onnxruntime's pool on the same 2 cores, made ShuffleNet ~1.8x
+*slower* (pool hand-offs of 50-100 us layers), so the GEMMs keep the threads:
+
+* :func:`requant_rows` -- ``y = clamp(zy + (((acc + bias) * m + 2^(n-1)) >> n), lo, hi)``
+  per channel, on int32 or exact-integer float32 accumulators;
+* :func:`requant_add` -- the same, followed by the residual add that consumes the conv
+  (ResNet/ShuffleNet blocks), without writing the conv's output;
+* :func:`dwconv` -- depthwise convolution (zero-point padding, stride, dilation) with the
+  requantize fused, channel-last;
+* :func:`avgpool` -- window sums of ``q - zx`` with a per-position requantize (count
+  varies at padded borders), channel-last; global pooling is the full-window case;
+* :func:`lut2` / :func:`lut1` -- residual add / rescale through the precomputed
+  65536- / 256-entry tables of :class:`~dnnfab.sw.reference.FastPlan`.
+
+``AVAILABLE`` is False when numba is missing or ``DNNFAB_NUMBA=0``; the reference then
+uses its numpy kernels (same results, slower). Compiled code is cached on disk by numba
+(``cache=True``), so only the first run on a machine pays the ~10 s of compilation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["AVAILABLE", "requant_rows", "requant_add", "dwconv", "avgpool", "lut1", "lut2"]
+
+AVAILABLE = False
+if os.environ.get("DNNFAB_NUMBA", "1") != "0":
+    try:
+        import numba
+        from numba import njit
+        AVAILABLE = True
+    except ImportError:  # pragma: no cover - numba is a dependency
+        AVAILABLE = False
+
+
+if AVAILABLE:
+    _jit = dict(cache=True, nogil=True, error_model="numpy")
+
+    @njit(inline="always")
+    def _rq(a, m, n, zy, lo, hi):
+        y = ((a * m + (np.int64(1) << (n - 1))) >> n) + zy
+        return min(max(y, lo), hi)
+
+    @njit(**_jit)
+    def requant_rows(acc, bias, m, n, zy, lo, hi, dst, out):
+        """acc [rows, C] (int32/int64, or float32/64 holding exact integers); bias, m, n
+        int64 [C]; out int8 [rows, C]: ``out[:, dst[j]] = rq(acc[:, j])`` (``dst`` permutes
+        the output channels, e.g. a fused channel shuffle; ``arange(C)`` for none)."""
+        rows, c = acc.shape
+        for i in range(rows):
+            for j in range(c):
+                out[i, dst[j]] = _rq(np.int64(acc[i, j]) + bias[j], m[j], n[j], zy, lo, hi)
+        return out
+
+    @njit(**_jit)
+    def requant_add(acc, bias, m, n, zy, lo, hi, dst, other, first, k0, z0, k1, z1,
+                    am, an, azy, alo, ahi, out):
+        """A conv's requantize followed by the residual add that is its only consumer:
+        ``y = rq(acc[:, j] + bias[j])`` for output channel ``dst[j]``, then
+        ``out = rq_add((a - z0) k0 + (b - z1) k1)`` with (a, b) = (y, other) if ``first``
+        else (other, y). other, out int8 [rows, C] in output channel order."""
+        rows, c = acc.shape
+        for i in range(rows):
+            for j in range(c):
+                y = _rq(np.int64(acc[i, j]) + bias[j], m[j], n[j], zy, lo, hi)
+                d = dst[j]
+                o = np.int64(other[i, d])
+                if first:
+                    s = (y - z0) * k0 + (o - z1) * k1
+                else:
+                    s = (o - z0) * k0 + (y - z1) * k1
+                out[i, d] = _rq(s, am, an, azy, alo, ahi)
+        return out
+
+    @njit(**_jit)
+    def dwconv(x, w, zx, sh, sw, dh, dw, pt, pl, bias, m, n, zy, lo, hi, out):
+        """x int8 [N, H, W, C]; w int32 [KH, KW, C]; out int8 [N, Ho, Wo, C]."""
+        nb, h, wd, c = x.shape
+        _, ho, wo, _ = out.shape
+        kh, kw, _ = w.shape
+        for p in range(nb * ho):
+            b = p // ho
+            oy = p - b * ho
+            acc = np.empty(c, np.int32)
+            for ox in range(wo):
+                for j in range(c):
+                    acc[j] = 0
+                for i in range(kh):
+                    iy = oy * sh + i * dh - pt
+                    for k in range(kw):
+                        ix = ox * sw + k * dw - pl
+                        if iy < 0 or iy >= h or ix < 0 or ix >= wd:
+                            for j in range(c):
+                                acc[j] += zx * w[i, k, j]
+                        else:
+                            for j in range(c):
+                                acc[j] += np.int32(x[b, iy, ix, j]) * w[i, k, j]
+                for j in range(c):
+                    out[b, oy, ox, j] = _rq(np.int64(acc[j]) + bias[j], m[j], n[j], zy, lo, hi)
+        return out
+
+    @njit(**_jit)
+    def avgpool(x, kh, kw, sh, sw, dh, dw, pt, pl, zx, m, n, zy, lo, hi, out):
+        """x int8 [N, H, W, C]; m, n int64 [Ho, Wo]; padded taps count as zx (add 0)."""
+        nb, h, wd, c = x.shape
+        _, ho, wo, _ = out.shape
+        for p in range(nb * ho):
+            b = p // ho
+            oy = p - b * ho
+            acc = np.empty(c, np.int64)
+            for ox in range(wo):
+                for j in range(c):
+                    acc[j] = 0
+                taps = 0
+                for i in range(kh):
+                    iy = oy * sh + i * dh - pt
+                    if iy < 0 or iy >= h:
+                        continue
+                    for k in range(kw):
+                        ix = ox * sw + k * dw - pl
+                        if ix < 0 or ix >= wd:
+                            continue
+                        taps += 1
+                        for j in range(c):
+                            acc[j] += x[b, iy, ix, j]
+                mm, nn = m[oy, ox], n[oy, ox]
+                for j in range(c):
+                    out[b, oy, ox, j] = _rq(acc[j] - zx * taps, mm, nn, zy, lo, hi)
+        return out
+
+    @njit(**_jit)
+    def lut2(a, b, table, out):
+        """out[i] = table[256 * (a[i] & 0xff) + (b[i] & 0xff)] on flat int8 arrays."""
+        for i in range(a.size):
+            out[i] = table[(np.int32(a[i]) & 0xFF) << 8 | (np.int32(b[i]) & 0xFF)]
+        return out
+
+    @njit(**_jit)
+    def lut1(a, table, out):
+        """out[i] = table[a[i] & 0xff] on flat int8 arrays."""
+        for i in range(a.size):
+            out[i] = table[np.int32(a[i]) & 0xFF]
+        return out
