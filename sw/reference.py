@@ -251,15 +251,18 @@ class RequantK:
         self.c = int(np.size(m)) if np.ndim(m) else (1 if bias is None else int(np.size(bias)))
         self.bias, self.m, self.n = _per_channel(self.c, bias, m, n)
         self.zy, self.lo, self.hi = int(zy), int(lo), int(hi)
-        #: output channel of accumulator column j (a fused channel shuffle), else identity
-        self.dst = np.arange(self.c, dtype=np.int64) if dst is None else \
-            np.ascontiguousarray(dst, dtype=np.int64)
+        #: accumulator column of output channel k (a fused channel shuffle), else None
+        self.src = None if dst is None else np.ascontiguousarray(np.argsort(dst), dtype=np.int64)
 
     def __call__(self, acc):
         shape = acc.shape
         a = np.ascontiguousarray(acc).reshape(-1, self.c)
         y = np.empty(a.shape, np.int8)
-        _K.requant_rows(a, self.bias, self.m, self.n, self.zy, self.lo, self.hi, self.dst, y)
+        p = (self.bias, self.m, self.n, self.zy, self.lo, self.hi)
+        if self.src is None:
+            _K.requant_rows(a, *p, y)
+        else:
+            _K.requant_rows_perm(a, *p, self.src, y)
         return y.reshape(shape)
 
     def add(self, acc, other, add, first):
@@ -268,10 +271,14 @@ class RequantK:
         conv is the add's input 0."""
         a = np.ascontiguousarray(acc).reshape(-1, self.c)
         y = np.empty(a.shape, np.int8)
-        _K.requant_add(a, self.bias, self.m, self.n, self.zy, self.lo, self.hi, self.dst,
-                       np.ascontiguousarray(other).reshape(-1, self.c), first,
-                       int(add.k[0]), int(add.z[0]), int(add.k[1]), int(add.z[1]),
-                       int(add.m), int(add.n), int(add.zy), int(add.lo), int(add.hi), y)
+        p = (self.bias, self.m, self.n, self.zy, self.lo, self.hi)
+        q = (np.ascontiguousarray(other).reshape(-1, self.c), first,
+             int(add.k[0]), int(add.z[0]), int(add.k[1]), int(add.z[1]),
+             int(add.m), int(add.n), int(add.zy), int(add.lo), int(add.hi), y)
+        if self.src is None:
+            _K.requant_add(a, *p, *q)
+        else:
+            _K.requant_add_perm(a, *p, self.src, *q)
         return y
 
 
