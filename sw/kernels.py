@@ -116,29 +116,35 @@ if AVAILABLE:
 
     @njit(**_jit)
     def dwconv(x, w, zx, sh, sw, dh, dw, pt, pl, bias, m, n, zy, lo, hi, out):
-        """x int8 [N, H, W, C]; w int32 [KH, KW, C]; out int8 [N, Ho, Wo, C]."""
+        """x int8 [N, H, W, C]; w int32 [KH, KW, C]; out int8 [N, Ho, Wo, C]. One output row
+        at a time, tap by tap over the whole row (int32 row accumulator stays in L1)."""
         nb, h, wd, c = x.shape
         _, ho, wo, _ = out.shape
         kh, kw, _ = w.shape
-        for p in range(nb * ho):
-            b = p // ho
-            oy = p - b * ho
-            acc = np.empty(c, np.int32)
-            for ox in range(wo):
+        zw = np.empty((kh, kw, c), np.int32)        # a padded tap adds zx * w
+        for i in range(kh):
+            for k in range(kw):
                 for j in range(c):
-                    acc[j] = 0
+                    zw[i, k, j] = zx * w[i, k, j]
+        acc = np.empty((wo, c), np.int32)
+        for b in range(nb):
+            for oy in range(ho):
+                acc[:, :] = 0
                 for i in range(kh):
                     iy = oy * sh + i * dh - pt
                     for k in range(kw):
-                        ix = ox * sw + k * dw - pl
-                        if iy < 0 or iy >= h or ix < 0 or ix >= wd:
-                            for j in range(c):
-                                acc[j] += zx * w[i, k, j]
-                        else:
-                            for j in range(c):
-                                acc[j] += np.int32(x[b, iy, ix, j]) * w[i, k, j]
-                for j in range(c):
-                    out[b, oy, ox, j] = _rq(np.int64(acc[j]) + bias[j], m[j], n[j], zy, lo, hi)
+                        for ox in range(wo):
+                            ix = ox * sw + k * dw - pl
+                            if iy < 0 or iy >= h or ix < 0 or ix >= wd:
+                                for j in range(c):
+                                    acc[ox, j] += zw[i, k, j]
+                            else:
+                                for j in range(c):
+                                    acc[ox, j] += np.int32(x[b, iy, ix, j]) * w[i, k, j]
+                for ox in range(wo):
+                    for j in range(c):
+                        out[b, oy, ox, j] = _rq(np.int64(acc[ox, j]) + bias[j], m[j], n[j],
+                                                zy, lo, hi)
         return out
 
     @njit(**_jit)

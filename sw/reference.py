@@ -64,7 +64,8 @@ def set_engine(name):
 
 
 def _threads():
-    return int(os.environ.get("DNNFAB_THREADS", min(2, os.cpu_count() or 1)))
+    v = os.environ.get("DNNFAB_THREADS")
+    return int(v) if v else min(2, os.cpu_count() or 1)
 
 
 # ====================================================================== requantize
@@ -948,7 +949,7 @@ class FastPlan:
             elif L.op == "add":
                 step = self._add_step(L)
             elif L.op in ("concat", "rescale"):
-                step = self._concat_step(L)
+                step = self._concat_step(L, cons, outputs, skip)
             elif L.op == "avgpool":
                 step = self._avgpool_step(L)
             if step is None:
@@ -1233,15 +1234,23 @@ class FastPlan:
             env.put(L.output, y, lay)
         return step
 
-    def _concat_step(self, L):
+    def _concat_step(self, L, cons, outputs, skip):
         qg = self.qg
+        out, lo, hi = L.output, -128, 127
+        users = cons.get(L.output, [])
+        if len(users) == 1 and users[0].op == "clip" and L.output not in outputs:
+            clip = users[0]    # a ReLU after the concat (ShuffleNet): folded into the tables
+            skip.add(id(clip))
+            out, lo, hi = clip.output, clip.lo, clip.hi
         tables = []
         for i, (k, z) in enumerate(zip(L.k, L.z)):
             if L.identity and L.identity[i] and L.lo == -128 and L.hi == 127:
-                tables.append(None)
+                tb = None if (lo, hi) == (-128, 127) else \
+                    np.clip(_BYTE_VALUES, lo, hi).astype(np.int8)
             else:
-                tables.append(requantize((_BYTE_VALUES - int(z)) * int(k), L.m, L.n, L.zy,
-                                         L.lo, L.hi))
+                tb = np.clip(requantize((_BYTE_VALUES - int(z)) * int(k), L.m, L.n, L.zy,
+                                        L.lo, L.hi), lo, hi).astype(np.int8)
+            tables.append(tb)
         r = len(qg.shape(L.inputs[0]))
         op = L.op
 
@@ -1254,5 +1263,5 @@ class FastPlan:
                 axis = L.axis
             parts = [x if tb is None else _lut1(x, tb) for x, tb in zip(xs, tables)]
             y = parts[0] if op == "rescale" else np.concatenate(parts, axis=axis)
-            env.put(L.output, y, lay)
+            env.put(out, y, lay)
         return step
