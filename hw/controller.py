@@ -23,13 +23,13 @@
   errors, scratchpad range errors) or an illegal instruction ends the run with ``error``.
 """
 
-from amaranth.hdl import Signal, Module, Const, Cat, Mux, Elaboratable, unsigned
-from amaranth.lib.memory import Memory
+from amaranth.hdl import Signal, Module, Const, Cat, Mux, unsigned
 from amaranth.lib import wiring, stream, data
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.fifo import SyncFIFO
 
 from .config import AcceleratorConfig
+from .dma import RegFIFO
 from .isa import (INSN_BITS, OP_LOAD, OP_COMPUTE, OP_STORE, TARGET_INSN, dma_insn_layout,
                   compute_insn_layout, insn_layout)
 
@@ -68,65 +68,6 @@ class _TokenCounter:
             self.count.eq(self.count + self.inc - dec_d),
             self.available.eq(self.inc | ge2 | (eq1 & ~self.dec)),
         ]
-
-
-class _Queue(Elaboratable):
-    """First-word-fall-through FIFO with registered ``r_rdy``/``w_rdy`` (Fmax).
-
-    With ``late_write``, a write is stored one cycle after ``w_en`` (so the wide RAM write
-    enable is a register): ``w_data`` must still hold the value in the cycle after ``w_en``,
-    and the entry is readable (``r_rdy``) one cycle later than in a plain FIFO. The head
-    (``r_data``) is an asynchronous read of distributed RAM. ``r_en`` / ``w_en`` only with
-    ``r_rdy`` / ``w_rdy``.
-    """
-
-    def __init__(self, width, depth, late_write=True):
-        assert depth >= 2 and depth & (depth - 1) == 0
-        self.width, self.depth, self.late_write = width, depth, late_write
-        self.w_en = Signal()
-        self.w_data = Signal(width)
-        self.w_rdy = Signal(init=1)
-        self.r_en = Signal()
-        self.r_data = Signal(width)
-        self.r_rdy = Signal()
-        self.count = Signal(range(depth + 1))      # entries stored
-        self.we_d = Signal()                       # one entry being stored (late_write)
-
-    def elaborate(self, platform):
-        m = Module()
-        n = self.depth
-        ab = (n - 1).bit_length()
-        storage = m.submodules.storage = Memory(shape=self.width, depth=n, init=[])
-        wp = storage.write_port()
-        rp = storage.read_port(domain="comb")
-        produce = Signal(ab)
-        consume = Signal(ab)
-        c = self.count
-        we_d = self.we_d
-        occ = Signal(range(n + 2))          # entries stored or being stored
-        if not self.late_write:
-            occ = c
-        m.d.comb += [
-            wp.addr.eq(produce), wp.data.eq(self.w_data), wp.en.eq(we_d),
-            rp.addr.eq(consume), self.r_data.eq(rp.data),
-        ]
-        if self.late_write:
-            m.d.comb += occ.eq(c + we_d)
-        with m.If(we_d):
-            m.d.sync += produce.eq(produce + 1)
-        with m.If(self.r_en):
-            m.d.sync += consume.eq(consume + 1)
-        if self.late_write:
-            m.d.sync += we_d.eq(self.w_en)
-        else:
-            m.d.comb += we_d.eq(self.w_en)
-        m.d.sync += [
-            c.eq(c + we_d - self.r_en),
-            self.r_rdy.eq(we_d | (c >= 2) | ((c == 1) & ~self.r_en)),
-            # occupancy next cycle = occ + w_en - r_en < n
-            self.w_rdy.eq(self.r_en | (occ <= n - 2) | ((occ == n - 1) & ~self.w_en)),
-        ]
-        return m
 
 
 class Controller(wiring.Component):
@@ -189,7 +130,7 @@ class Controller(wiring.Component):
 
         # ---------------------------------------------------------------- fetch
         beat_depth = 2 * FETCH_CHUNK * bpi
-        beats = _Queue(bus, beat_depth, late_write=False)
+        beats = RegFIFO(bus, beat_depth, late_write=False)
         m.submodules.beats = beats
         m.d.comb += [beats.w_en.eq(self.ins_we), beats.w_data.eq(self.ins_data)]
         # The fetch decision is registered (Fmax): ``remaining`` counts down the
@@ -251,9 +192,9 @@ class Controller(wiring.Component):
             m.d.sync += insn_valid.eq(0)
 
         # ---------------------------------------------------------- dispatcher
-        load_q = _Queue(INSN_BITS, QUEUE_DEPTH)
-        comp_q = _Queue(INSN_BITS, QUEUE_DEPTH)
-        store_q = _Queue(INSN_BITS, QUEUE_DEPTH)
+        load_q = RegFIFO(INSN_BITS, QUEUE_DEPTH)
+        comp_q = RegFIFO(INSN_BITS, QUEUE_DEPTH)
+        store_q = RegFIFO(INSN_BITS, QUEUE_DEPTH)
         m.submodules.load_q, m.submodules.comp_q, m.submodules.store_q = load_q, comp_q, store_q
         dispatched = Signal(32)
         illegal = Signal()

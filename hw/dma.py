@@ -51,10 +51,11 @@ is accepted once the burst generator has issued the previous command's last burs
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Signal, Module, Const, Cat, Mux, Elaboratable, unsigned
+from amaranth.hdl import Signal, Module, Const, Cat, Mux, Elaboratable, unsigned, signed
 from amaranth.lib import wiring, stream, data
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
+from amaranth.lib.memory import Memory
 
 from .axi import axi4_signature, BURST_INCR
 from .config import AcceleratorConfig
@@ -182,12 +183,82 @@ class Descriptor:
         return out
 
 
+class RegFIFO(Elaboratable):
+    """First-word-fall-through FIFO with registered ``r_rdy``/``w_rdy`` (Fmax).
+
+    With ``late_write``, a write is stored one cycle after ``w_en`` (so the wide RAM write
+    enable is a register): ``w_data`` must still hold the value in the cycle after ``w_en``,
+    and the entry is readable (``r_rdy``) one cycle later than in a plain FIFO. The head
+    (``r_data``) is an asynchronous read of distributed RAM. ``r_en`` / ``w_en`` only with
+    ``r_rdy`` / ``w_rdy``.
+    """
+
+    def __init__(self, width, depth, late_write=True):
+        assert depth >= 2
+        self.width, self.depth, self.late_write = width, depth, late_write
+        self.w_en = Signal()
+        self.w_data = Signal(width)
+        self.w_rdy = Signal(init=1)
+        self.r_en = Signal()
+        self.r_data = Signal(width)
+        self.r_rdy = Signal()
+        self.count = Signal(range(depth + 1))      # entries stored
+        self.we_d = Signal()                       # one entry being stored (late_write)
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.depth
+        ab = (n - 1).bit_length()
+        storage = m.submodules.storage = Memory(shape=self.width, depth=n, init=[])
+        wp = storage.write_port()
+        rp = storage.read_port(domain="comb")
+        produce = Signal(ab)
+        consume = Signal(ab)
+        c = self.count
+        we_d = self.we_d
+        occ = Signal(range(n + 2))          # entries stored or being stored
+        if not self.late_write:
+            occ = c
+        m.d.comb += [
+            wp.addr.eq(produce), wp.data.eq(self.w_data), wp.en.eq(we_d),
+            rp.addr.eq(consume), self.r_data.eq(rp.data),
+        ]
+        if self.late_write:
+            m.d.comb += occ.eq(c + we_d)
+        def incr(v):
+            return v + 1 if n & (n - 1) == 0 else Mux(v == n - 1, 0, v + 1)
+        with m.If(we_d):
+            m.d.sync += produce.eq(incr(produce))
+        with m.If(self.r_en):
+            m.d.sync += consume.eq(incr(consume))
+        if self.late_write:
+            m.d.sync += we_d.eq(self.w_en)
+        else:
+            m.d.comb += we_d.eq(self.w_en)
+        m.d.sync += [
+            c.eq(c + we_d - self.r_en),
+            self.r_rdy.eq(we_d | (c >= 2) | ((c == 1) & ~self.r_en)),
+            # occupancy next cycle = occ + w_en - r_en < n
+            self.w_rdy.eq(self.r_en | (occ <= n - 2) | ((occ == n - 1) & ~self.w_en)),
+        ]
+        return m
+
+
 class _BurstGen(Elaboratable):
     """Walks one descriptor and presents its bursts one by one (shared by both engines).
 
     ``start`` loads ``desc`` (the engine only starts it when ``active`` is low and the
     descriptor is non-empty). While ``active``, ``addr``/``blen``/``sp``/``target``/``last``
-    describe the current burst; ``next`` consumes it. ``abort`` drops the rest.
+    describe the current burst; ``next`` consumes it (only while ``active``). ``abort``
+    drops the rest (it wins over ``next``).
+
+    Fmax: no comparison sits between the state and its next value. The current burst is
+    ``blen = min(rem, max_burst, to4k)`` (``to4k``: beats to the next 4 KiB boundary); the
+    three comparisons it needs are the signs of registered differences
+    ``dm = rem - MB - 1``, ``hm = rem - to4k - 1``, ``em = to4k - MB - 1``, and every next
+    value (within a row: minus ``MB`` or minus ``to4k``; at a new row: from the row's 4 KiB
+    offset) is one addition from registers. The next row's address (``row_next``) and the
+    next plane's (``plane_next``) are kept ready, so a new row starts every cycle if need be.
     """
 
     def __init__(self, cfg: AcceleratorConfig):
@@ -208,63 +279,126 @@ class _BurstGen(Elaboratable):
         m = Module()
         lb = (cfg.bus_bytes - 1).bit_length()
         ab = cfg.addr_bits
+        MB = cfg.max_burst
+        P = _BOUNDARY >> lb                     # beats per 4 KiB page
+        pb = P.bit_length() - 1                 # bits of the page offset
 
         def align(v, width):
             return Cat(Const(0, lb), v[lb:width])
 
+        def off(a):                             # beat offset of an address in its page
+            return a[lb:lb + pb]
+
         cur = Signal(ab)
-        row_base = Signal(ab)
-        plane_base = Signal(ab)
         rem = Signal(16)
-        rows_left = Signal(16)
-        planes_left = Signal(16)
+        to4k = Signal(range(P + 1))
+        dm = Signal(signed(18))                 # rem - MB - 1
+        hm = Signal(signed(18))                 # rem - to4k - 1
+        em = Signal(signed(12))                 # to4k - MB - 1
+        kd = Signal(signed(18))                 # len0 - MB - 1
+        kh = Signal(signed(18))                 # len0 - 1 - P
         len0 = Signal(16)
         n1 = Signal(16)
+        n1_one = Signal()
         stride1 = Signal(32)
         stride2 = Signal(32)
+        row_next = Signal(ab)                   # next row of this plane
+        plane_next = Signal(ab)                 # first row of the next plane
+        rows_left = Signal(16)                  # rows of this plane, the current one included
+        planes_left = Signal(16)
+        rows_last = Signal()                    # rows_left == 1
+        planes_last = Signal()                  # planes_left == 1
 
-        to4k = Signal(range(_BOUNDARY // cfg.bus_bytes + 1))
-        b1 = Signal(range(cfg.max_burst + 1))
-        m.d.comb += [
-            to4k.eq((_BOUNDARY >> lb) - cur[lb:12]),
-            b1.eq(Mux(rem < cfg.max_burst, rem, cfg.max_burst)),
-            self.blen.eq(Mux(to4k < b1, to4k, b1)),
-            self.addr.eq(cur),
-        ]
         row_end = Signal()
+        page_end = Signal()                     # not row_end: the burst runs to the 4 KiB boundary
         m.d.comb += [
-            row_end.eq(rem == self.blen),
-            self.last.eq(row_end & (rows_left == 1) & (planes_left == 1)),
+            row_end.eq(dm[-1] & hm[-1]),
+            page_end.eq(em[-1]),
+            self.blen.eq(Mux(row_end, rem, Mux(page_end, to4k, MB))),
+            self.addr.eq(cur),
+            self.last.eq(row_end & rows_last & planes_last),
         ]
 
-        with m.If(self.start):
-            d = self.desc
-            a = align(d.addr, ab)
-            m.d.sync += [
-                self.active.eq(1),
-                cur.eq(a), row_base.eq(a), plane_base.eq(a),
-                rem.eq(d.len0), len0.eq(d.len0),
-                rows_left.eq(d.n1), n1.eq(d.n1),
-                planes_left.eq(d.n2),
-                stride1.eq(align(d.stride1, 32)), stride2.eq(align(d.stride2, 32)),
-                self.sp.eq(d.sp_addr), self.target.eq(d.target),
+        # next state if the current burst is consumed: selected by registered flags only
+        # (the late ``next``/``start`` only choose between this, the start state and hold)
+        nrow = Signal(ab)                       # the next row (this plane's or the next plane's)
+        m.d.comb += nrow.eq(Mux(rows_last, plane_next, row_next))
+        no = off(nrow)
+        n_cur, n_rem, n_to4k = Signal(ab), Signal(16), Signal(range(P + 1))
+        n_dm, n_hm, n_em = Signal(signed(18)), Signal(signed(18)), Signal(signed(12))
+        with m.If(~row_end & page_end):
+            # to the 4 KiB boundary: the rest of the row starts a page
+            m.d.comb += [
+                n_cur.eq(Cat(Const(0, 12), cur[12:] + 1)),
+                n_rem.eq(rem - to4k), n_to4k.eq(P),
+                n_dm.eq(hm - MB), n_hm.eq(hm - P), n_em.eq(P - MB - 1),
             ]
-        with m.Elif(self.abort):
-            m.d.sync += self.active.eq(0)
-        with m.Elif(self.next & self.active):
-            m.d.sync += self.sp.eq(self.sp + self.blen)
-            with m.If(~row_end):
-                m.d.sync += [cur.eq(cur + (self.blen << lb)), rem.eq(rem - self.blen)]
-            with m.Elif(rows_left != 1):
-                nrow = row_base + stride1
-                m.d.sync += [row_base.eq(nrow), cur.eq(nrow), rem.eq(len0),
-                             rows_left.eq(rows_left - 1)]
-            with m.Elif(planes_left != 1):
-                nplane = plane_base + stride2
-                m.d.sync += [plane_base.eq(nplane), row_base.eq(nplane), cur.eq(nplane),
-                             rem.eq(len0), rows_left.eq(n1), planes_left.eq(planes_left - 1)]
-            with m.Else():
-                m.d.sync += self.active.eq(0)
+        with m.Elif(~row_end):
+            m.d.comb += [
+                n_cur.eq(cur + (MB << lb)),
+                n_rem.eq(rem - MB), n_to4k.eq(to4k - MB),
+                n_dm.eq(dm - MB), n_hm.eq(hm), n_em.eq(em - MB),
+            ]
+        with m.Else():
+            m.d.comb += [
+                n_cur.eq(nrow), n_rem.eq(len0), n_to4k.eq(P - no),
+                n_dm.eq(kd), n_hm.eq(kh + no), n_em.eq((P - MB - 1) - no),
+            ]
+        n_row_next = Signal(ab)
+        m.d.comb += n_row_next.eq(nrow + stride1)
+
+        # ``start`` only comes while idle and ``next`` only counts while active, so the
+        # registered ``active`` selects the new values and the late handshakes only drive
+        # the enables
+        d = self.desc
+        a = align(d.addr, ab)
+        s1 = align(d.stride1, 32)
+        s2 = align(d.stride2, 32)
+        o = off(a)
+        act = self.active
+        upd = Signal()
+        new_row = Signal()                      # the burst after this one opens a row
+        new_plane = Signal()                    # ... and a plane
+        m.d.comb += [
+            # while idle the start values load every cycle (kept only with ``start``, which
+            # sets ``active``): the enables do not wait for the command handshake
+            upd.eq(~act | self.next),
+            new_row.eq(~act | row_end),
+            new_plane.eq(~act | (row_end & rows_last)),
+        ]
+        with m.If(upd):
+            m.d.sync += [
+                cur.eq(Mux(act, n_cur, a)),
+                rem.eq(Mux(act, n_rem, d.len0)),
+                to4k.eq(Mux(act, n_to4k, P - o)),
+                dm.eq(Mux(act, n_dm, d.len0 - (MB + 1))),
+                hm.eq(Mux(act, n_hm, d.len0 + o - (P + 1))),
+                em.eq(Mux(act, n_em, (P - MB - 1) - o)),
+                self.sp.eq(Mux(act, self.sp + self.blen, d.sp_addr)),
+            ]
+            with m.If(new_row):
+                m.d.sync += [
+                    row_next.eq(Mux(act, n_row_next, a + s1)),
+                    rows_left.eq(Mux(act, Mux(rows_last, n1, rows_left - 1), d.n1)),
+                    rows_last.eq(Mux(act, Mux(rows_last, n1_one, rows_left == 2), d.n1 == 1)),
+                ]
+            with m.If(new_plane):
+                m.d.sync += [
+                    plane_next.eq(Mux(act, plane_next + stride2, a + s2)),
+                    planes_left.eq(Mux(act, planes_left - 1, d.n2)),
+                    planes_last.eq(Mux(act, planes_left == 2, d.n2 == 1)),
+                ]
+        with m.If(~act):
+            m.d.sync += [
+                len0.eq(d.len0), kd.eq(d.len0 - (MB + 1)), kh.eq(d.len0 - (P + 1)),
+                n1.eq(d.n1), n1_one.eq(d.n1 == 1),
+                stride1.eq(s1), stride2.eq(s2),
+                self.target.eq(d.target),
+            ]
+        with m.If(self.start):
+            m.d.sync += act.eq(1)
+        with m.Elif(self.abort | (self.next & self.last)):
+            m.d.sync += act.eq(0)
         return m
 
 
@@ -365,24 +499,27 @@ class DMA(wiring.Component):
         agr = m.submodules.rd_bursts = _BurstGen(cfg)
         rinfo_layout = data.StructLayout({"addr": unsigned(ab), "sp": unsigned(16),
                                           "target": unsigned(2), "last": unsigned(1)})
-        rinfo = m.submodules.rd_inflight = SyncFIFO(width=rinfo_layout.size, depth=self.max_rd_bursts)
+        rinfo = m.submodules.rd_inflight = RegFIFO(rinfo_layout.size, max(self.max_rd_bursts, 2), late_write=False)
         rd_kill = Signal()          # draining after an error: suppress writes and done pulses
         rd_kill_r = Signal()
         rd_empty_wait = Signal()    # an empty command waits for the earlier ones to finish
         m.d.comb += rd_kill.eq(error | rd_kill_r)
 
         m.d.comb += self.rd_cmd.ready.eq(~agr.active & ~rd_empty_wait & ~rd_kill)
+        m.d.comb += agr.desc.eq(self.rd_cmd.p)     # (not gated: keeps the start mux last)
         with m.If(self.rd_cmd.valid & self.rd_cmd.ready):
             with m.If(_empty(self.rd_cmd.p)):
                 m.d.sync += rd_empty_wait.eq(1)
             with m.Else():
-                m.d.comb += [agr.start.eq(1), agr.desc.eq(self.rd_cmd.p)]
+                m.d.comb += agr.start.eq(1)
 
         # AR channel: one burst per cycle while the in-flight budget allows
         ar_load = Signal()
         m.d.comb += [
-            ar_load.eq(agr.active & ~error & rinfo.w_rdy & (~bus.arvalid | bus.arready)),
-            agr.next.eq(ar_load),
+            # the burst generator advances regardless of an error (it is aborted then): the
+            # error only gates the AR register and the in-flight FIFO
+            agr.next.eq(agr.active & rinfo.w_rdy & (~bus.arvalid | bus.arready)),
+            ar_load.eq(agr.next & ~error),
             agr.abort.eq(error),
             bus.arid.eq(0),
             bus.arsize.eq(lb),
@@ -442,10 +579,17 @@ class DMA(wiring.Component):
         agw = m.submodules.wr_bursts = _BurstGen(cfg)
         # -- intake and window check (five cycles, overlapped with the running command)
         wdesc = Signal(desc_layout(cfg))
-        ext1 = Signal(48)
-        ext2 = Signal(48)
-        ext1_lo = Signal(32); ext1_hi = Signal(32); ext2_lo = Signal(32); ext2_hi = Signal(32)
-        rowbytes = Signal(16 + lb)
+        m.d.comb += agw.desc.eq(wdesc)
+        # (n1 - 1) * stride1 and (n2 - 1) * stride2 by shift-and-add, one multiplier bit per
+        # cycle, LSB first, stopping when both multipliers are exhausted (no DSP: its
+        # combinational delay alone is over 6 ns on ECP5)
+        mul1 = Signal(16); mul2 = Signal(16)            # n - 1, shifted right each step
+        sh1 = Signal(48); sh2 = Signal(48)              # stride, shifted left each step
+        ext1 = Signal(48); ext2 = Signal(48)            # the accumulated products
+        mul_done = Signal()                             # registered: mul1 == mul2 == 0
+        w_go = Signal()                                 # in state START
+        end0 = Signal(ab + 17)                          # addr + len0 * bus_bytes
+        ext = Signal(49)                                # ext1 + ext2
         w_empty = Signal()
         wr_kill = Signal()
         wr_kill_r = Signal()
@@ -453,49 +597,58 @@ class DMA(wiring.Component):
         m.d.comb += wr_kill.eq(error | wr_kill_r)
         wb_end = Signal(ab + 50)            # registered in SUM, compared in CMP (Fmax)
         bfifo_layout = data.StructLayout({"addr": unsigned(ab), "last": unsigned(1)})
-        bfifo = m.submodules.wr_inflight = SyncFIFO(width=bfifo_layout.size, depth=self.max_wr_bursts)
-        wb_layout = data.StructLayout({"sp": unsigned(16), "blen": range(cfg.max_burst + 1),
-                                       "target": unsigned(2)})
-        wbq = m.submodules.wr_bursts_q = SyncFIFO(width=wb_layout.size, depth=self.max_wr_bursts)
+        bfifo = m.submodules.wr_inflight = RegFIFO(bfifo_layout.size, max(self.max_wr_bursts, 2), late_write=False)
+        wb_layout = data.StructLayout({"sp": unsigned(16), "blen_m1": range(cfg.max_burst),
+                                       "one": unsigned(1), "target": unsigned(2)})
+        wbq = m.submodules.wr_bursts_q = RegFIFO(wb_layout.size, max(self.max_wr_bursts, 2), late_write=False)
         wfifo = m.submodules.wr_data = SyncFIFOBuffered(width=cfg.bus_bits + 1, depth=self.w_buffer)
         pending = Signal(range(self.w_buffer + 1))
+        wc_valid = Signal()         # a burst's beats are being read from the scratchpad
         w_idle = Signal()
-        m.d.comb += w_idle.eq(~agw.active & ~bfifo.r_rdy & ~wbq.r_rdy & (pending == 0))
+        m.d.comb += w_idle.eq(~agw.active & ~bfifo.r_rdy & ~wbq.r_rdy & ~wc_valid & (pending == 0))
         win_err = Signal()
         w_empty_done = Signal()     # an empty command completes (nothing in flight)
 
         with m.FSM(name="wr_intake") as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.wr_cmd.ready.eq(~wr_kill)
+                # the intake registers load every cycle while idle (the enables do not wait
+                # for the handshake); only the state change waits for it
+                p = self.wr_cmd.p
+                pa = Cat(Const(0, lb), p.addr[lb:])
+                m.d.sync += [
+                    wdesc.eq(p),
+                    wdesc.addr.eq(pa),
+                    wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
+                    wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
+                    w_empty.eq(_empty(p)),
+                    end0.eq(pa + (p.len0 << lb)),
+                    mul1.eq(p.n1 - 1), mul2.eq(p.n2 - 1),
+                    sh1.eq(Cat(Const(0, lb), p.stride1[lb:])),
+                    sh2.eq(Cat(Const(0, lb), p.stride2[lb:])),
+                    ext1.eq(0), ext2.eq(0), ext.eq(0), mul_done.eq(0),
+                ]
                 with m.If(self.wr_cmd.valid & ~wr_kill):
-                    p = self.wr_cmd.p
-                    m.d.sync += [
-                        wdesc.eq(p),
-                        wdesc.addr.eq(Cat(Const(0, lb), p.addr[lb:])),
-                        wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
-                        wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
-                    ]
-                    m.next = "MUL"
+                    # n1, n2 <= 1: nothing to multiply (n == 0 is an empty command, unchecked)
+                    with m.If((p.n1[1:] == 0) & (p.n2[1:] == 0)):
+                        m.next = "SUM2"
+                    with m.Else():
+                        m.next = "MUL"
             with m.State("MUL"):
-                # 16 x 32 products as two registered 16 x 16 halves (one DSP each), summed in
-                # the next state: keeps the window check off the critical path
-                m.d.sync += [
-                    ext1_lo.eq((wdesc.n1 - 1)[:16] * wdesc.stride1[:16]),
-                    ext1_hi.eq((wdesc.n1 - 1)[:16] * wdesc.stride1[16:32]),
-                    ext2_lo.eq((wdesc.n2 - 1)[:16] * wdesc.stride2[:16]),
-                    ext2_hi.eq((wdesc.n2 - 1)[:16] * wdesc.stride2[16:32]),
-                    rowbytes.eq(wdesc.len0 << lb),
-                    w_empty.eq(_empty(wdesc)),
-                ]
-                m.next = "MUL2"
-            with m.State("MUL2"):
-                m.d.sync += [
-                    ext1.eq(ext1_lo + (ext1_hi << 16)),
-                    ext2.eq(ext2_lo + (ext2_hi << 16)),
-                ]
-                m.next = "SUM"
+                with m.If(mul_done):
+                    m.next = "SUM"
+                with m.Else():
+                    m.d.sync += [
+                        ext1.eq(ext1 + Mux(mul1[0], sh1, 0)), ext2.eq(ext2 + Mux(mul2[0], sh2, 0)),
+                        sh1.eq(sh1 << 1), sh2.eq(sh2 << 1),
+                        mul1.eq(mul1 >> 1), mul2.eq(mul2 >> 1),
+                        mul_done.eq((mul1[1:] == 0) & (mul2[1:] == 0)),
+                    ]
             with m.State("SUM"):
-                m.d.sync += wb_end.eq(wdesc.addr + ext1 + ext2 + rowbytes)
+                m.d.sync += ext.eq(ext1 + ext2)
+                m.next = "SUM2"
+            with m.State("SUM2"):
+                m.d.sync += wb_end.eq(end0 + ext)
                 m.next = "CMP"
             with m.State("CMP"):
                 m.d.sync += win_bad.eq((wdesc.addr < self.window_lo) | (wb_end > self.window_hi))
@@ -508,16 +661,14 @@ class DMA(wiring.Component):
                 with m.Elif(win_bad):
                     m.d.comb += win_err.eq(1)
                     m.next = "IDLE"
-                with m.Elif(~agw.active):
-                    m.d.comb += [agw.start.eq(1), agw.desc.eq(wdesc)]
-                    m.next = "IDLE"
                 with m.Else():
+                    m.d.sync += w_go.eq(1)
                     m.next = "START"
             with m.State("START"):
-                with m.If(error):
-                    m.next = "IDLE"
-                with m.Elif(~agw.active):
-                    m.d.comb += [agw.start.eq(1), agw.desc.eq(wdesc)]
+                # (w_go: this state as a flag of its own, so the start is two gates deep)
+                m.d.comb += agw.start.eq(w_go & ~error & ~agw.active)
+                with m.If(error | ~agw.active):
+                    m.d.sync += w_go.eq(0)
                     m.next = "IDLE"
             with m.State("EMPTY"):
                 with m.If(error):
@@ -529,8 +680,8 @@ class DMA(wiring.Component):
         # -- AW channel
         aw_load = Signal()
         m.d.comb += [
-            aw_load.eq(agw.active & ~error & bfifo.w_rdy & wbq.w_rdy & (~bus.awvalid | bus.awready)),
-            agw.next.eq(aw_load),
+            agw.next.eq(agw.active & bfifo.w_rdy & wbq.w_rdy & (~bus.awvalid | bus.awready)),
+            aw_load.eq(agw.next & ~error),
             agw.abort.eq(error),
             bus.awid.eq(0),
             bus.awsize.eq(lb),
@@ -541,7 +692,8 @@ class DMA(wiring.Component):
         m.d.comb += [
             bfifo_in.addr.eq(agw.addr), bfifo_in.last.eq(agw.last),
             bfifo.w_data.eq(bfifo_in.as_value()), bfifo.w_en.eq(aw_load),
-            wb_in.sp.eq(agw.sp), wb_in.blen.eq(agw.blen), wb_in.target.eq(agw.target),
+            wb_in.sp.eq(agw.sp), wb_in.blen_m1.eq(agw.blen - 1), wb_in.one.eq(agw.blen == 1),
+            wb_in.target.eq(agw.target),
             wbq.w_data.eq(wb_in.as_value()), wbq.w_en.eq(aw_load),
         ]
         with m.If(aw_load):
@@ -550,27 +702,39 @@ class DMA(wiring.Component):
             m.d.sync += bus.awvalid.eq(0)
 
         # -- scratchpad reads with credits, into the W buffer
+        # the head burst moves into registers (``wc_*``) that issue its beats; the last-beat
+        # flag and the credit check are registers too (Fmax)
         whead = data.View(wb_layout, wbq.r_data)
-        woff = Signal(range(max(cfg.max_burst, 2)))
+        wc_sp = Signal(16)
+        wc_left = Signal(range(max(cfg.max_burst, 2)))     # beats after the current one
+        wc_lastbeat = Signal()
+        wc_target = Signal(2)
+        credit = Signal(init=1)                             # pending < w_buffer
         w_lastbeat = Signal()
         sp_issue = Signal()
+        w_beat = Signal()
         m.d.comb += [
-            w_lastbeat.eq(woff == whead.blen - 1),
-            sp_issue.eq(wbq.r_rdy & (pending < self.w_buffer)),
+            w_lastbeat.eq(wc_lastbeat),
+            sp_issue.eq(wc_valid & credit),
             self.sp_re.eq(sp_issue),
-            self.sp_raddr.eq(whead.sp + woff),
-            self.sp_rsrc.eq(whead.target),
+            self.sp_raddr.eq(wc_sp),
+            self.sp_rsrc.eq(wc_target),
+            wbq.r_en.eq(wbq.r_rdy & (~wc_valid | (sp_issue & wc_lastbeat))),
         ]
-        with m.If(sp_issue):
-            with m.If(w_lastbeat):
-                m.d.sync += woff.eq(0)
-                m.d.comb += wbq.r_en.eq(1)
+        with m.If(wbq.r_en):
+            m.d.sync += [wc_valid.eq(1), wc_sp.eq(whead.sp), wc_left.eq(whead.blen_m1),
+                         wc_lastbeat.eq(whead.one), wc_target.eq(whead.target)]
+        with m.Elif(sp_issue):
+            with m.If(wc_lastbeat):
+                m.d.sync += wc_valid.eq(0)
             with m.Else():
-                m.d.sync += woff.eq(woff + 1)
+                m.d.sync += [wc_sp.eq(wc_sp + 1), wc_left.eq(wc_left - 1), wc_lastbeat.eq(wc_left == 1)]
+        # pending after this cycle < w_buffer (a W beat frees one; pending never exceeds it)
+        m.d.sync += credit.eq(w_beat | (pending <= self.w_buffer - 2)
+                              | ((pending == self.w_buffer - 1) & ~sp_issue))
         re_d = Signal()
         last_d = Signal()
         m.d.sync += [re_d.eq(sp_issue), last_d.eq(w_lastbeat)]
-        w_beat = Signal()
         m.d.comb += [
             wfifo.w_en.eq(re_d),
             wfifo.w_data.eq(Cat(self.sp_rdata, last_d)),
@@ -611,10 +775,19 @@ class DMA(wiring.Component):
             m.d.comb += [ev.eq(1), ev_code.eq(ERR_AXI_WRITE), ev_addr.eq(bhead.addr)]
         with m.Elif(win_err):
             m.d.comb += [ev.eq(1), ev_code.eq(ERR_OUT_WINDOW), ev_addr.eq(wdesc.addr)]
-        with m.If(ev & (~error | self.clear)):
-            m.d.sync += [error.eq(1), self.error_code.eq(ev_code), self.error_addr.eq(ev_addr)]
-        with m.Elif(self.clear):
-            m.d.sync += [error.eq(0), self.error_code.eq(0), self.error_addr.eq(0)]
+        # The event and ``clear`` are registered first (Fmax); the outputs are the same
+        # function of them one cycle later, so ``error`` keeps its timing: it is 1 in the
+        # cycle after the event (the first error is kept until ``clear``).
+        ev_d, clr_d = Signal(), Signal()
+        ev_code_d, ev_addr_d = Signal(4), Signal(ab)
+        e_prev, code_prev, addr_prev = Signal(), Signal(4), Signal(ab)    # outputs, last cycle
+        m.d.sync += [ev_d.eq(ev), ev_code_d.eq(ev_code), ev_addr_d.eq(ev_addr), clr_d.eq(self.clear),
+                     e_prev.eq(error), code_prev.eq(self.error_code), addr_prev.eq(self.error_addr)]
+        m.d.comb += error.eq(ev_d | (e_prev & ~clr_d))
+        with m.If(ev_d & (~e_prev | clr_d)):
+            m.d.comb += [self.error_code.eq(ev_code_d), self.error_addr.eq(ev_addr_d)]
+        with m.Elif(~clr_d):
+            m.d.comb += [self.error_code.eq(code_prev), self.error_addr.eq(addr_prev)]
 
         m.d.comb += self.busy.eq(rd_busy | wr_busy)
         return m
