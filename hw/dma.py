@@ -184,9 +184,11 @@ class Descriptor:
 
 
 class RegFIFO(Elaboratable):
-    """First-word-fall-through FIFO with registered ``r_rdy``/``w_rdy`` (Fmax).
+    """First-word-fall-through FIFO whose ``r_rdy``/``w_rdy`` are registers (Fmax).
 
-    With ``late_write``, a write is stored one cycle after ``w_en`` (so the wide RAM write
+    The fill level is kept as a thermometer code (bit ``i``: more than ``i`` entries), so
+    the flags are its end bits and each bit's update is one gate after ``w_en``/``r_en``.
+    With ``late_write``, a write is stored one cycle after ``w_en`` (so a wide RAM write
     enable is a register): ``w_data`` must still hold the value in the cycle after ``w_en``,
     and the entry is readable (``r_rdy``) one cycle later than in a plain FIFO. The head
     (``r_data``) is an asynchronous read of distributed RAM. ``r_en`` / ``w_en`` only with
@@ -198,11 +200,10 @@ class RegFIFO(Elaboratable):
         self.width, self.depth, self.late_write = width, depth, late_write
         self.w_en = Signal()
         self.w_data = Signal(width)
-        self.w_rdy = Signal(init=1)
+        self.w_rdy = Signal()
         self.r_en = Signal()
         self.r_data = Signal(width)
         self.r_rdy = Signal()
-        self.count = Signal(range(depth + 1))      # entries stored
         self.we_d = Signal()                       # one entry being stored (late_write)
 
     def elaborate(self, platform):
@@ -214,17 +215,12 @@ class RegFIFO(Elaboratable):
         rp = storage.read_port(domain="comb")
         produce = Signal(ab)
         consume = Signal(ab)
-        c = self.count
         we_d = self.we_d
-        occ = Signal(range(n + 2))          # entries stored or being stored
-        if not self.late_write:
-            occ = c
         m.d.comb += [
             wp.addr.eq(produce), wp.data.eq(self.w_data), wp.en.eq(we_d),
             rp.addr.eq(consume), self.r_data.eq(rp.data),
         ]
-        if self.late_write:
-            m.d.comb += occ.eq(c + we_d)
+
         def incr(v):
             return v + 1 if n & (n - 1) == 0 else Mux(v == n - 1, 0, v + 1)
         with m.If(we_d):
@@ -235,79 +231,122 @@ class RegFIFO(Elaboratable):
             m.d.sync += we_d.eq(self.w_en)
         else:
             m.d.comb += we_d.eq(self.w_en)
-        m.d.sync += [
-            c.eq(c + we_d - self.r_en),
-            self.r_rdy.eq(we_d | (c >= 2) | ((c == 1) & ~self.r_en)),
-            # occupancy next cycle = occ + w_en - r_en < n
-            self.w_rdy.eq(self.r_en | (occ <= n - 2) | ((occ == n - 1) & ~self.w_en)),
-        ]
+
+        def thermometer(name, up, down):
+            t = Signal(n, name=name)
+            for i in range(n):
+                below = t[i - 1] if i else Const(1)
+                above = t[i + 1] if i + 1 < n else Const(0)
+                m.d.sync += t[i].eq(Mux(up & ~down, below, Mux(down & ~up, above, t[i])))
+            return t
+        stored = thermometer("stored", we_d, self.r_en)
+        m.d.comb += self.r_rdy.eq(stored[0])
+        if self.late_write:
+            # entries stored or being stored
+            occupied = thermometer("occupied", self.w_en, self.r_en)
+        else:
+            occupied = stored
+        m.d.comb += self.w_rdy.eq(~occupied[n - 1])
         return m
 
 
 class _BurstGen(Elaboratable):
     """Walks one descriptor and presents its bursts one by one (shared by both engines).
 
-    ``start`` loads ``desc`` (the engine only starts it when ``active`` is low and the
-    descriptor is non-empty). While ``active``, ``addr``/``blen``/``sp``/``target``/``last``
-    describe the current burst; ``next`` consumes it (only while ``active``). ``abort``
-    drops the rest (it wins over ``next``).
+    ``start`` loads ``init`` (the state of the descriptor's first burst, from
+    :meth:`initial`; the engine only starts it when ``active`` is low and the descriptor is
+    non-empty). While ``active``, ``addr``/``blen``/``sp``/``target``/``last`` describe the
+    current burst; ``next`` consumes it (only while ``active``). ``abort`` drops the rest
+    (it wins over ``next``).
 
     Fmax: no comparison sits between the state and its next value. The current burst is
     ``blen = min(rem, max_burst, to4k)`` (``to4k``: beats to the next 4 KiB boundary); the
     three comparisons it needs are the signs of registered differences
     ``dm = rem - MB - 1``, ``hm = rem - to4k - 1``, ``em = to4k - MB - 1``, and every next
     value (within a row: minus ``MB`` or minus ``to4k``; at a new row: from the row's 4 KiB
-    offset) is one addition from registers. The next row's address (``row_next``) and the
-    next plane's (``plane_next``) are kept ready, so a new row starts every cycle if need be.
+    offset) is one addition from registers. The next row's address (``nrow``, in whichever
+    plane) and the first row of the plane after it (``npn``) are kept ready, so a new row can
+    start every cycle.
     """
 
     def __init__(self, cfg: AcceleratorConfig):
         self.cfg = cfg
+        self.lb = (cfg.bus_bytes - 1).bit_length()
+        self.P = _BOUNDARY >> self.lb           # beats per 4 KiB page
+        ab = cfg.addr_bits
+        self.state_layout = data.StructLayout({
+            "cur": unsigned(ab), "rem": unsigned(16), "to4k": range(self.P + 1),
+            "dm": signed(18),           # rem - MB - 1
+            "hm": signed(18),           # rem - to4k - 1
+            "em": signed(12),           # to4k - MB - 1
+            "kd": signed(18),           # len0 - MB - 1
+            "kh": signed(18),           # len0 - 1 - P
+            "len0": unsigned(16), "n1": unsigned(16), "n1_one": unsigned(1), "n1_two": unsigned(1),
+            "stride1": unsigned(32), "stride2": unsigned(32),
+            "nrow": unsigned(ab),       # the row after this one (in any plane)
+            "npn": unsigned(ab),        # first row of the plane after nrow's
+            "rows_left": unsigned(16),  # rows of this plane, the current one included
+            "rows_last": unsigned(1),   # rows_left == 1
+            "rows_two": unsigned(1),    # rows_left == 2
+            "planes_left": unsigned(16),
+            "planes_last": unsigned(1),  # planes_left == 1
+            "sp": unsigned(16), "target": unsigned(2),
+        })
         self.start = Signal()
-        self.desc = Signal(desc_layout(cfg))
+        self.init = Signal(self.state_layout)
         self.abort = Signal()
         self.next = Signal()
         self.active = Signal()
-        self.addr = Signal(cfg.addr_bits)
+        self.addr = Signal(ab)
         self.blen = Signal(range(cfg.max_burst + 1))
         self.sp = Signal(16)
         self.target = Signal(2)
         self.last = Signal()
 
-    def elaborate(self, platform):
-        cfg = self.cfg
-        m = Module()
-        lb = (cfg.bus_bytes - 1).bit_length()
+    def _off(self, a):                          # beat offset of an address in its page
+        return a[self.lb:self.lb + self.P.bit_length() - 1]
+
+    def initial(self, d):
+        """``[(field, value)]`` of the state for descriptor ``d``'s first burst."""
+        cfg, lb, P, MB = self.cfg, self.lb, self.P, self.cfg.max_burst
         ab = cfg.addr_bits
-        MB = cfg.max_burst
-        P = _BOUNDARY >> lb                     # beats per 4 KiB page
-        pb = P.bit_length() - 1                 # bits of the page offset
 
         def align(v, width):
             return Cat(Const(0, lb), v[lb:width])
+        a = align(d.addr, ab)
+        s1 = align(d.stride1, 32)
+        s2 = align(d.stride2, 32)
+        o = self._off(a)
+        n1_one = d.n1 == 1
+        return [
+            ("cur", a), ("rem", d.len0), ("to4k", P - o),
+            ("dm", d.len0 - (MB + 1)), ("hm", d.len0 + o - (P + 1)), ("em", (P - MB - 1) - o),
+            ("kd", d.len0 - (MB + 1)), ("kh", d.len0 - (P + 1)),
+            ("len0", d.len0), ("n1", d.n1), ("n1_one", n1_one), ("n1_two", d.n1 == 2),
+            ("stride1", s1), ("stride2", s2),
+            ("nrow", Mux(n1_one, a + s2, a + s1)), ("npn", Mux(n1_one, a + (s2 << 1), a + s2)),
+            ("rows_left", d.n1), ("rows_last", n1_one), ("rows_two", d.n1 == 2),
+            ("planes_left", d.n2), ("planes_last", d.n2 == 1),
+            ("sp", d.sp_addr), ("target", d.target),
+        ]
 
-        def off(a):                             # beat offset of an address in its page
-            return a[lb:lb + pb]
+    def elaborate(self, platform):
+        cfg = self.cfg
+        m = Module()
+        lb, P, MB = self.lb, self.P, cfg.max_burst
+        ab = cfg.addr_bits
+        off = self._off
 
-        cur = Signal(ab)
-        rem = Signal(16)
-        to4k = Signal(range(P + 1))
-        dm = Signal(signed(18))                 # rem - MB - 1
-        hm = Signal(signed(18))                 # rem - to4k - 1
-        em = Signal(signed(12))                 # to4k - MB - 1
-        kd = Signal(signed(18))                 # len0 - MB - 1
-        kh = Signal(signed(18))                 # len0 - 1 - P
-        len0 = Signal(16)
-        n1 = Signal(16)
-        n1_one = Signal()
-        stride1 = Signal(32)
-        stride2 = Signal(32)
-        row_next = Signal(ab)                   # next row of this plane
-        plane_next = Signal(ab)                 # first row of the next plane
-        rows_left = Signal(16)                  # rows of this plane, the current one included
-        planes_left = Signal(16)
-        rows_last = Signal()                    # rows_left == 1
-        planes_last = Signal()                  # planes_left == 1
+        class _State:       # one named register per field (readable netlists)
+            pass
+        st = _State()
+        for name, field in self.state_layout:
+            setattr(st, name, Signal(field.shape, name=name))
+        cur, rem, to4k, dm, hm, em = st.cur, st.rem, st.to4k, st.dm, st.hm, st.em
+        kd, kh, len0, n1, n1_one, n1_two = st.kd, st.kh, st.len0, st.n1, st.n1_one, st.n1_two
+        stride1, stride2, nrow, npn = st.stride1, st.stride2, st.nrow, st.npn
+        rows_left, rows_last, rows_two = st.rows_left, st.rows_last, st.rows_two
+        planes_left, planes_last = st.planes_left, st.planes_last
 
         row_end = Signal()
         page_end = Signal()                     # not row_end: the burst runs to the 4 KiB boundary
@@ -316,13 +355,12 @@ class _BurstGen(Elaboratable):
             page_end.eq(em[-1]),
             self.blen.eq(Mux(row_end, rem, Mux(page_end, to4k, MB))),
             self.addr.eq(cur),
+            self.sp.eq(st.sp),
+            self.target.eq(st.target),
             self.last.eq(row_end & rows_last & planes_last),
         ]
 
         # next state if the current burst is consumed: selected by registered flags only
-        # (the late ``next``/``start`` only choose between this, the start state and hold)
-        nrow = Signal(ab)                       # the next row (this plane's or the next plane's)
-        m.d.comb += nrow.eq(Mux(rows_last, plane_next, row_next))
         no = off(nrow)
         n_cur, n_rem, n_to4k = Signal(ab), Signal(16), Signal(range(P + 1))
         n_dm, n_hm, n_em = Signal(signed(18)), Signal(signed(18)), Signal(signed(12))
@@ -344,56 +382,54 @@ class _BurstGen(Elaboratable):
                 n_cur.eq(nrow), n_rem.eq(len0), n_to4k.eq(P - no),
                 n_dm.eq(kd), n_hm.eq(kh + no), n_em.eq((P - MB - 1) - no),
             ]
-        n_row_next = Signal(ab)
-        m.d.comb += n_row_next.eq(nrow + stride1)
+        # at a new row: the flags of the row it opens, and the row after that
+        n_rows_last = Signal()
+        m.d.comb += n_rows_last.eq(Mux(rows_last, n1_one, rows_two))
 
-        # ``start`` only comes while idle and ``next`` only counts while active, so the
-        # registered ``active`` selects the new values and the late handshakes only drive
-        # the enables
-        d = self.desc
-        a = align(d.addr, ab)
-        s1 = align(d.stride1, 32)
-        s2 = align(d.stride2, 32)
-        o = off(a)
+        # While idle the initial state loads every cycle (kept with ``start``, which sets
+        # ``active``): the enables do not wait for the command handshake, and the registered
+        # ``active`` selects between the initial and the next values.
         act = self.active
+        ini = self.init
         upd = Signal()
         new_row = Signal()                      # the burst after this one opens a row
         new_plane = Signal()                    # ... and a plane
         m.d.comb += [
-            # while idle the start values load every cycle (kept only with ``start``, which
-            # sets ``active``): the enables do not wait for the command handshake
             upd.eq(~act | self.next),
             new_row.eq(~act | row_end),
             new_plane.eq(~act | (row_end & rows_last)),
         ]
         with m.If(upd):
             m.d.sync += [
-                cur.eq(Mux(act, n_cur, a)),
-                rem.eq(Mux(act, n_rem, d.len0)),
-                to4k.eq(Mux(act, n_to4k, P - o)),
-                dm.eq(Mux(act, n_dm, d.len0 - (MB + 1))),
-                hm.eq(Mux(act, n_hm, d.len0 + o - (P + 1))),
-                em.eq(Mux(act, n_em, (P - MB - 1) - o)),
-                self.sp.eq(Mux(act, self.sp + self.blen, d.sp_addr)),
+                cur.eq(Mux(act, n_cur, ini.cur)),
+                rem.eq(Mux(act, n_rem, ini.rem)),
+                to4k.eq(Mux(act, n_to4k, ini.to4k)),
+                dm.eq(Mux(act, n_dm, ini.dm)),
+                hm.eq(Mux(act, n_hm, ini.hm)),
+                em.eq(Mux(act, n_em, ini.em)),
+                # (three adders, selected after: the flags do not wait for a carry chain)
+                st.sp.eq(Mux(act, Mux(row_end, st.sp + rem,
+                                      Mux(page_end, st.sp + to4k, st.sp + MB)), ini.sp)),
             ]
             with m.If(new_row):
                 m.d.sync += [
-                    row_next.eq(Mux(act, n_row_next, a + s1)),
-                    rows_left.eq(Mux(act, Mux(rows_last, n1, rows_left - 1), d.n1)),
-                    rows_last.eq(Mux(act, Mux(rows_last, n1_one, rows_left == 2), d.n1 == 1)),
+                    # the row opened is its plane's last: the row after it opens the next plane
+                    nrow.eq(Mux(act, Mux(n_rows_last, npn, nrow + stride1), ini.nrow)),
+                    npn.eq(Mux(act, Mux(n_rows_last, npn + stride2, npn), ini.npn)),
+                    rows_left.eq(Mux(act, Mux(rows_last, n1, rows_left - 1), ini.rows_left)),
+                    rows_last.eq(Mux(act, n_rows_last, ini.rows_last)),
+                    rows_two.eq(Mux(act, Mux(rows_last, n1_two, rows_left == 3), ini.rows_two)),
                 ]
             with m.If(new_plane):
                 m.d.sync += [
-                    plane_next.eq(Mux(act, plane_next + stride2, a + s2)),
-                    planes_left.eq(Mux(act, planes_left - 1, d.n2)),
-                    planes_last.eq(Mux(act, planes_left == 2, d.n2 == 1)),
+                    planes_left.eq(Mux(act, planes_left - 1, ini.planes_left)),
+                    planes_last.eq(Mux(act, planes_left == 2, ini.planes_last)),
                 ]
         with m.If(~act):
             m.d.sync += [
-                len0.eq(d.len0), kd.eq(d.len0 - (MB + 1)), kh.eq(d.len0 - (P + 1)),
-                n1.eq(d.n1), n1_one.eq(d.n1 == 1),
-                stride1.eq(s1), stride2.eq(s2),
-                self.target.eq(d.target),
+                kd.eq(ini.kd), kh.eq(ini.kh), len0.eq(ini.len0), n1.eq(ini.n1),
+                n1_one.eq(ini.n1_one), n1_two.eq(ini.n1_two),
+                stride1.eq(ini.stride1), stride2.eq(ini.stride2), st.target.eq(ini.target),
             ]
         with m.If(self.start):
             m.d.sync += act.eq(1)
@@ -506,7 +542,7 @@ class DMA(wiring.Component):
         m.d.comb += rd_kill.eq(error | rd_kill_r)
 
         m.d.comb += self.rd_cmd.ready.eq(~agr.active & ~rd_empty_wait & ~rd_kill)
-        m.d.comb += agr.desc.eq(self.rd_cmd.p)     # (not gated: keeps the start mux last)
+        m.d.comb += [getattr(agr.init, f).eq(v) for f, v in agr.initial(self.rd_cmd.p)]
         with m.If(self.rd_cmd.valid & self.rd_cmd.ready):
             with m.If(_empty(self.rd_cmd.p)):
                 m.d.sync += rd_empty_wait.eq(1)
@@ -579,7 +615,9 @@ class DMA(wiring.Component):
         agw = m.submodules.wr_bursts = _BurstGen(cfg)
         # -- intake and window check (five cycles, overlapped with the running command)
         wdesc = Signal(desc_layout(cfg))
-        m.d.comb += agw.desc.eq(wdesc)
+        # the write burst generator's initial state is registered (wdesc is stable from the
+        # cycle after the intake until the start, at least three cycles later)
+        m.d.sync += [getattr(agw.init, f).eq(v) for f, v in agw.initial(wdesc)]
         # (n1 - 1) * stride1 and (n2 - 1) * stride2 by shift-and-add, one multiplier bit per
         # cycle, LSB first, stopping when both multipliers are exhausted (no DSP: its
         # combinational delay alone is over 6 ns on ECP5)
@@ -594,6 +632,8 @@ class DMA(wiring.Component):
         wr_kill = Signal()
         wr_kill_r = Signal()
         win_bad = Signal()
+        win_lo_bad, win_hi_bad, win_wrap = Signal(), Signal(), Signal()
+        m.d.comb += win_bad.eq(win_lo_bad | win_hi_bad | win_wrap)
         m.d.comb += wr_kill.eq(error | wr_kill_r)
         wb_end = Signal(ab + 50)            # registered in SUM, compared in CMP (Fmax)
         bfifo_layout = data.StructLayout({"addr": unsigned(ab), "last": unsigned(1)})
@@ -609,41 +649,48 @@ class DMA(wiring.Component):
         win_err = Signal()
         w_empty_done = Signal()     # an empty command completes (nothing in flight)
 
+        # the intake registers load every cycle while idle (the enables do not wait for the
+        # handshake, and come from a flag of their own: ``in_idle``); only the state change
+        # waits for it
+        in_idle = Signal(init=1)
+        in_mul = Signal()
+        p = self.wr_cmd.p
+        pa = Cat(Const(0, lb), p.addr[lb:])
+        with m.If(in_idle):
+            m.d.sync += [
+                wdesc.eq(p),
+                wdesc.addr.eq(pa),
+                wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
+                wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
+                w_empty.eq(_empty(p)),
+                end0.eq(pa + (p.len0 << lb)),
+                mul1.eq(p.n1 - 1), mul2.eq(p.n2 - 1),
+                sh1.eq(Cat(Const(0, lb), p.stride1[lb:])),
+                sh2.eq(Cat(Const(0, lb), p.stride2[lb:])),
+                ext1.eq(0), ext2.eq(0), ext.eq(0), mul_done.eq(0),
+            ]
+        with m.Elif(in_mul):
+            m.d.sync += [
+                ext1.eq(ext1 + Mux(mul1[0], sh1, 0)), ext2.eq(ext2 + Mux(mul2[0], sh2, 0)),
+                sh1.eq(sh1 << 1), sh2.eq(sh2 << 1),
+                mul1.eq(mul1 >> 1), mul2.eq(mul2 >> 1),
+                mul_done.eq((mul1[1:] == 0) & (mul2[1:] == 0)),
+            ]
+        m.d.comb += self.wr_cmd.ready.eq(in_idle & ~wr_kill)
         with m.FSM(name="wr_intake") as fsm:
             with m.State("IDLE"):
-                m.d.comb += self.wr_cmd.ready.eq(~wr_kill)
-                # the intake registers load every cycle while idle (the enables do not wait
-                # for the handshake); only the state change waits for it
-                p = self.wr_cmd.p
-                pa = Cat(Const(0, lb), p.addr[lb:])
-                m.d.sync += [
-                    wdesc.eq(p),
-                    wdesc.addr.eq(pa),
-                    wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
-                    wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
-                    w_empty.eq(_empty(p)),
-                    end0.eq(pa + (p.len0 << lb)),
-                    mul1.eq(p.n1 - 1), mul2.eq(p.n2 - 1),
-                    sh1.eq(Cat(Const(0, lb), p.stride1[lb:])),
-                    sh2.eq(Cat(Const(0, lb), p.stride2[lb:])),
-                    ext1.eq(0), ext2.eq(0), ext.eq(0), mul_done.eq(0),
-                ]
                 with m.If(self.wr_cmd.valid & ~wr_kill):
+                    m.d.sync += in_idle.eq(0)
                     # n1, n2 <= 1: nothing to multiply (n == 0 is an empty command, unchecked)
                     with m.If((p.n1[1:] == 0) & (p.n2[1:] == 0)):
                         m.next = "SUM2"
                     with m.Else():
+                        m.d.sync += in_mul.eq(1)
                         m.next = "MUL"
             with m.State("MUL"):
                 with m.If(mul_done):
+                    m.d.sync += in_mul.eq(0)
                     m.next = "SUM"
-                with m.Else():
-                    m.d.sync += [
-                        ext1.eq(ext1 + Mux(mul1[0], sh1, 0)), ext2.eq(ext2 + Mux(mul2[0], sh2, 0)),
-                        sh1.eq(sh1 << 1), sh2.eq(sh2 << 1),
-                        mul1.eq(mul1 >> 1), mul2.eq(mul2 >> 1),
-                        mul_done.eq((mul1[1:] == 0) & (mul2[1:] == 0)),
-                    ]
             with m.State("SUM"):
                 m.d.sync += ext.eq(ext1 + ext2)
                 m.next = "SUM2"
@@ -651,15 +698,19 @@ class DMA(wiring.Component):
                 m.d.sync += wb_end.eq(end0 + ext)
                 m.next = "CMP"
             with m.State("CMP"):
-                m.d.sync += win_bad.eq((wdesc.addr < self.window_lo) | (wb_end > self.window_hi))
+                m.d.sync += [win_lo_bad.eq(wdesc.addr < self.window_lo),
+                             win_hi_bad.eq(wb_end[:ab] > self.window_hi),
+                             win_wrap.eq(wb_end[ab:] != 0)]
                 m.next = "CHECK"
             with m.State("CHECK"):
                 with m.If(error):
+                    m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
                 with m.Elif(w_empty):
                     m.next = "EMPTY"
                 with m.Elif(win_bad):
                     m.d.comb += win_err.eq(1)
+                    m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
                 with m.Else():
                     m.d.sync += w_go.eq(1)
@@ -668,19 +719,23 @@ class DMA(wiring.Component):
                 # (w_go: this state as a flag of its own, so the start is two gates deep)
                 m.d.comb += agw.start.eq(w_go & ~error & ~agw.active)
                 with m.If(error | ~agw.active):
-                    m.d.sync += w_go.eq(0)
+                    m.d.sync += [w_go.eq(0), in_idle.eq(1)]
                     m.next = "IDLE"
             with m.State("EMPTY"):
                 with m.If(error):
+                    m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
                 with m.Elif(~agw.active & ~bfifo.r_rdy):
                     m.d.comb += w_empty_done.eq(1)
+                    m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
 
         # -- AW channel
         aw_load = Signal()
         m.d.comb += [
-            agw.next.eq(agw.active & bfifo.w_rdy & wbq.w_rdy & (~bus.awvalid | bus.awready)),
+            # (wbq holds no more entries than bfifo: a burst leaves wbq before its W data, and
+            # its B comes after them, so bfifo's room implies wbq's)
+            agw.next.eq(agw.active & bfifo.w_rdy & (~bus.awvalid | bus.awready)),
             aw_load.eq(agw.next & ~error),
             agw.abort.eq(error),
             bus.awid.eq(0),
@@ -763,27 +818,33 @@ class DMA(wiring.Component):
         with m.Elif(w_idle):
             m.d.sync += wr_kill_r.eq(0)
         wr_busy = Signal()
-        m.d.comb += wr_busy.eq(~fsm.ongoing("IDLE") | ~w_idle | bus.awvalid | self.wr_done)
+        m.d.comb += wr_busy.eq(~in_idle | ~w_idle | bus.awvalid | self.wr_done)
 
         # ===================================================================== errors
+        # The events, their addresses and ``clear`` are registered first (Fmax); code and
+        # address are the same function of them one cycle later, so the outputs keep their
+        # timing: ``error`` is 1 in the cycle after the event, the first error is kept until
+        # ``clear`` (a read error wins over a write error over a window error).
         ev = Signal()
-        ev_code = Signal(4)
-        ev_addr = Signal(ab)
-        with m.If(r_bad):
-            m.d.comb += [ev.eq(1), ev_code.eq(ERR_AXI_READ), ev_addr.eq(rd_err_addr)]
-        with m.Elif(b_bad):
-            m.d.comb += [ev.eq(1), ev_code.eq(ERR_AXI_WRITE), ev_addr.eq(bhead.addr)]
-        with m.Elif(win_err):
-            m.d.comb += [ev.eq(1), ev_code.eq(ERR_OUT_WINDOW), ev_addr.eq(wdesc.addr)]
-        # The event and ``clear`` are registered first (Fmax); the outputs are the same
-        # function of them one cycle later, so ``error`` keeps its timing: it is 1 in the
-        # cycle after the event (the first error is kept until ``clear``).
-        ev_d, clr_d = Signal(), Signal()
+        m.d.comb += ev.eq(r_bad | b_bad | win_err)
+        # the flag itself is a register: ev | (error & ~clear) is the old rule
+        # "set on an event unless already set (or cleared in the same cycle)"
+        m.d.sync += error.eq(ev | (error & ~self.clear))
+        r_bad_d, b_bad_d, win_err_d, clr_d = Signal(), Signal(), Signal(), Signal()
+        r_addr_d, b_addr_d = Signal(ab), Signal(ab)
+        m.d.sync += [r_bad_d.eq(r_bad), b_bad_d.eq(b_bad), win_err_d.eq(win_err), clr_d.eq(self.clear),
+                     r_addr_d.eq(rd_err_addr), b_addr_d.eq(bhead.addr)]
+        ev_d = Signal()
         ev_code_d, ev_addr_d = Signal(4), Signal(ab)
+        m.d.comb += ev_d.eq(r_bad_d | b_bad_d | win_err_d)
+        with m.If(r_bad_d):
+            m.d.comb += [ev_code_d.eq(ERR_AXI_READ), ev_addr_d.eq(r_addr_d)]
+        with m.Elif(b_bad_d):
+            m.d.comb += [ev_code_d.eq(ERR_AXI_WRITE), ev_addr_d.eq(b_addr_d)]
+        with m.Elif(win_err_d):
+            m.d.comb += [ev_code_d.eq(ERR_OUT_WINDOW), ev_addr_d.eq(wdesc.addr)]
         e_prev, code_prev, addr_prev = Signal(), Signal(4), Signal(ab)    # outputs, last cycle
-        m.d.sync += [ev_d.eq(ev), ev_code_d.eq(ev_code), ev_addr_d.eq(ev_addr), clr_d.eq(self.clear),
-                     e_prev.eq(error), code_prev.eq(self.error_code), addr_prev.eq(self.error_addr)]
-        m.d.comb += error.eq(ev_d | (e_prev & ~clr_d))
+        m.d.sync += [e_prev.eq(error), code_prev.eq(self.error_code), addr_prev.eq(self.error_addr)]
         with m.If(ev_d & (~e_prev | clr_d)):
             m.d.comb += [self.error_code.eq(ev_code_d), self.error_addr.eq(ev_addr_d)]
         with m.Elif(~clr_d):
