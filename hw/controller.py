@@ -21,6 +21,14 @@
 * **Done** when every instruction has been dispatched, every queue is empty and every
   engine, the DMA and the compute pipeline are idle. Any fault (``fault`` input: DMA
   errors, scratchpad range errors) or an illegal instruction ends the run with ``error``.
+
+Fmax: ``rd_cmd``, ``wr_cmd`` and ``cinsn`` are registers (no combinational path between the
+queues and the DMA / compute engine; a register takes a new command only when empty, the
+consumers never accept two in consecutive cycles); each engine first moves its queue's
+head into a head register; the fetch decision, FIFO flags and token availability are
+registered. Cycle cost against a purely combinational controller: the first fetch command
+two cycles later after ``start`` (``START_LATENCY`` in the fast model), and a command two
+cycles later through an empty queue (queue write, head register, command register).
 """
 
 from amaranth.hdl import Signal, Module, Const, Cat, Mux, unsigned

@@ -23,7 +23,9 @@ Two independent engines, running concurrently:
   while the in-flight budget allows, without waiting for data. ``rready`` is always high;
   each R beat appears on ``sp_we``/``sp_waddr``/``sp_wdata`` one cycle later.
 * **Write** (``wr_cmd``, scratchpad -> DRAM): each command is first checked against the
-  output window (five cycles, overlapped with the previous command's bursts); a command
+  output window (four cycles when ``n1``, ``n2`` <= 1; the ``(n - 1) * stride`` extents are
+  multiplied by shift-and-add, one cycle per bit of ``max(n1 - 1, n2 - 1)`` plus two;
+  overlapped with the previous command's bursts); a command
   touching a byte outside ``[window_lo, window_hi)`` is rejected with error 5 and issues
   nothing. AWs run ahead of the data up to ``max_wr_bursts`` outstanding bursts; the
   scratchpad is read with credits so that no more than ``w_buffer`` words are in flight
@@ -43,17 +45,21 @@ Timing (no bus stalls; deterministic, see docs/dma_csr.md): a read command accep
 cycle 0 presents its first AR in cycle 2 and ARs follow one per cycle; each R beat reaches
 ``sp_we`` one cycle later, so a contiguous read of N beats finishes (``rd_done``) in cycle
 ``N + 2 + L`` where L is the slave's AR-to-first-R latency (2 for cocotbext-axi's AxiRam).
-A write command accepted in cycle 0 presents its first AW in cycle 7 (five cycles of window
-check) and its first W beat in cycle 7 (scratchpad read + W buffer); a contiguous write of
-N beats gets ``wr_done`` in cycle N + 12 against AxiRam (window check: five cycles). The next command of the same engine
-is accepted once the burst generator has issued the previous command's last burst.
+A write command with ``n1``, ``n2`` <= 1 accepted in cycle 0 presents its first AW in cycle 6
+(four cycles of window check, one to start the burst generator) and its first W beat in
+cycle 9 (burst queue, beat issue register, scratchpad read, W buffer); a contiguous write of
+N beats gets ``wr_done`` in cycle N + 11 against AxiRam. The next command of the same
+engine is accepted once the burst generator has issued the previous command's last burst.
+
+Fmax: the burst generators, FIFO flags, credit and error paths are built so that every
+register is at most one carry chain and a few gates from other registers (see
+:class:`_BurstGen`, :class:`RegFIFO`); the multiplications of the window check use no DSP.
 """
 
 from dataclasses import dataclass
 
 from amaranth.hdl import Signal, Module, Const, Cat, Mux, Elaboratable, unsigned, signed
 from amaranth.lib import wiring, stream, data
-from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 
@@ -288,6 +294,7 @@ class _BurstGen(Elaboratable):
             "rows_left": unsigned(16),  # rows of this plane, the current one included
             "rows_last": unsigned(1),   # rows_left == 1
             "rows_two": unsigned(1),    # rows_left == 2
+            "nrl": unsigned(1),         # the next row is its plane's last
             "planes_left": unsigned(16),
             "planes_last": unsigned(1),  # planes_left == 1
             "sp": unsigned(16), "target": unsigned(2),
@@ -299,6 +306,8 @@ class _BurstGen(Elaboratable):
         self.active = Signal()
         self.addr = Signal(ab)
         self.blen = Signal(range(cfg.max_burst + 1))
+        self.blen_m1 = Signal(range(cfg.max_burst))     # blen - 1
+        self.blen_one = Signal()                        # blen == 1
         self.sp = Signal(16)
         self.target = Signal(2)
         self.last = Signal()
@@ -306,8 +315,9 @@ class _BurstGen(Elaboratable):
     def _off(self, a):                          # beat offset of an address in its page
         return a[self.lb:self.lb + self.P.bit_length() - 1]
 
-    def initial(self, d):
-        """``[(field, value)]`` of the state for descriptor ``d``'s first burst."""
+    def initial(self, d, n1_one=None, n1_two=None, n2_one=None):
+        """``[(field, value)]`` of the state for descriptor ``d``'s first burst (the flags
+        ``d.n1 == 1``, ``d.n1 == 2``, ``d.n2 == 1`` may be given, computed earlier)."""
         cfg, lb, P, MB = self.cfg, self.lb, self.P, self.cfg.max_burst
         ab = cfg.addr_bits
 
@@ -317,16 +327,19 @@ class _BurstGen(Elaboratable):
         s1 = align(d.stride1, 32)
         s2 = align(d.stride2, 32)
         o = self._off(a)
-        n1_one = d.n1 == 1
+        n1_one = d.n1 == 1 if n1_one is None else n1_one
+        n1_two = d.n1 == 2 if n1_two is None else n1_two
+        n2_one = d.n2 == 1 if n2_one is None else n2_one
         return [
             ("cur", a), ("rem", d.len0), ("to4k", P - o),
             ("dm", d.len0 - (MB + 1)), ("hm", d.len0 + o - (P + 1)), ("em", (P - MB - 1) - o),
             ("kd", d.len0 - (MB + 1)), ("kh", d.len0 - (P + 1)),
-            ("len0", d.len0), ("n1", d.n1), ("n1_one", n1_one), ("n1_two", d.n1 == 2),
+            ("len0", d.len0), ("n1", d.n1), ("n1_one", n1_one), ("n1_two", n1_two),
             ("stride1", s1), ("stride2", s2),
             ("nrow", Mux(n1_one, a + s2, a + s1)), ("npn", Mux(n1_one, a + (s2 << 1), a + s2)),
-            ("rows_left", d.n1), ("rows_last", n1_one), ("rows_two", d.n1 == 2),
-            ("planes_left", d.n2), ("planes_last", d.n2 == 1),
+            ("rows_left", d.n1), ("rows_last", n1_one), ("rows_two", n1_two),
+            ("nrl", n1_one | n1_two),
+            ("planes_left", d.n2), ("planes_last", n2_one),
             ("sp", d.sp_addr), ("target", d.target),
         ]
 
@@ -345,7 +358,7 @@ class _BurstGen(Elaboratable):
         cur, rem, to4k, dm, hm, em = st.cur, st.rem, st.to4k, st.dm, st.hm, st.em
         kd, kh, len0, n1, n1_one, n1_two = st.kd, st.kh, st.len0, st.n1, st.n1_one, st.n1_two
         stride1, stride2, nrow, npn = st.stride1, st.stride2, st.nrow, st.npn
-        rows_left, rows_last, rows_two = st.rows_left, st.rows_last, st.rows_two
+        rows_left, rows_last, rows_two, nrl = st.rows_left, st.rows_last, st.rows_two, st.nrl
         planes_left, planes_last = st.planes_left, st.planes_last
 
         row_end = Signal()
@@ -354,6 +367,9 @@ class _BurstGen(Elaboratable):
             row_end.eq(dm[-1] & hm[-1]),
             page_end.eq(em[-1]),
             self.blen.eq(Mux(row_end, rem, Mux(page_end, to4k, MB))),
+            # (the candidates first, selected after: the flags do not wait for a carry chain)
+            self.blen_m1.eq(Mux(row_end, rem - 1, Mux(page_end, to4k - 1, MB - 1))),
+            self.blen_one.eq(Mux(row_end, rem == 1, Mux(page_end, to4k == 1, MB == 1))),
             self.addr.eq(cur),
             self.sp.eq(st.sp),
             self.target.eq(st.target),
@@ -382,9 +398,9 @@ class _BurstGen(Elaboratable):
                 n_cur.eq(nrow), n_rem.eq(len0), n_to4k.eq(P - no),
                 n_dm.eq(kd), n_hm.eq(kh + no), n_em.eq((P - MB - 1) - no),
             ]
-        # at a new row: the flags of the row it opens, and the row after that
-        n_rows_last = Signal()
-        m.d.comb += n_rows_last.eq(Mux(rows_last, n1_one, rows_two))
+        # at a new row: the flags of the row it opens (``nrl`` is registered ahead)
+        n_rows_two = Signal()
+        m.d.comb += n_rows_two.eq(Mux(rows_last, n1_two, rows_left == 3))
 
         # While idle the initial state loads every cycle (kept with ``start``, which sets
         # ``active``): the enables do not wait for the command handshake, and the registered
@@ -414,11 +430,13 @@ class _BurstGen(Elaboratable):
             with m.If(new_row):
                 m.d.sync += [
                     # the row opened is its plane's last: the row after it opens the next plane
-                    nrow.eq(Mux(act, Mux(n_rows_last, npn, nrow + stride1), ini.nrow)),
-                    npn.eq(Mux(act, Mux(n_rows_last, npn + stride2, npn), ini.npn)),
+                    nrow.eq(Mux(act, Mux(nrl, npn, nrow + stride1), ini.nrow)),
+                    npn.eq(Mux(act, Mux(nrl, npn + stride2, npn), ini.npn)),
                     rows_left.eq(Mux(act, Mux(rows_last, n1, rows_left - 1), ini.rows_left)),
-                    rows_last.eq(Mux(act, n_rows_last, ini.rows_last)),
-                    rows_two.eq(Mux(act, Mux(rows_last, n1_two, rows_left == 3), ini.rows_two)),
+                    rows_last.eq(Mux(act, nrl, ini.rows_last)),
+                    rows_two.eq(Mux(act, n_rows_two, ini.rows_two)),
+                    # the row after the one opened is its plane's last
+                    nrl.eq(Mux(act, Mux(nrl, n1_one, n_rows_two), ini.nrl)),
                 ]
             with m.If(new_plane):
                 m.d.sync += [
@@ -569,7 +587,7 @@ class DMA(wiring.Component):
             rinfo.w_en.eq(ar_load),
         ]
         with m.If(ar_load):
-            m.d.sync += [bus.arvalid.eq(1), bus.araddr.eq(agr.addr), bus.arlen.eq(agr.blen - 1)]
+            m.d.sync += [bus.arvalid.eq(1), bus.araddr.eq(agr.addr), bus.arlen.eq(agr.blen_m1)]
         with m.Elif(bus.arready):
             m.d.sync += bus.arvalid.eq(0)
 
@@ -613,11 +631,13 @@ class DMA(wiring.Component):
 
         # =============================================================== write engine
         agw = m.submodules.wr_bursts = _BurstGen(cfg)
-        # -- intake and window check (five cycles, overlapped with the running command)
+        # -- intake and window check (overlapped with the running command)
         wdesc = Signal(desc_layout(cfg))
         # the write burst generator's initial state is registered (wdesc is stable from the
         # cycle after the intake until the start, at least three cycles later)
-        m.d.sync += [getattr(agw.init, f).eq(v) for f, v in agw.initial(wdesc)]
+        w_n1_one, w_n1_two, w_n2_one = Signal(), Signal(), Signal()
+        m.d.sync += [getattr(agw.init, f).eq(v)
+                     for f, v in agw.initial(wdesc, w_n1_one, w_n1_two, w_n2_one)]
         # (n1 - 1) * stride1 and (n2 - 1) * stride2 by shift-and-add, one multiplier bit per
         # cycle, LSB first, stopping when both multipliers are exhausted (no DSP: its
         # combinational delay alone is over 6 ns on ECP5)
@@ -641,7 +661,8 @@ class DMA(wiring.Component):
         wb_layout = data.StructLayout({"sp": unsigned(16), "blen_m1": range(cfg.max_burst),
                                        "one": unsigned(1), "target": unsigned(2)})
         wbq = m.submodules.wr_bursts_q = RegFIFO(wb_layout.size, max(self.max_wr_bursts, 2), late_write=False)
-        wfifo = m.submodules.wr_data = SyncFIFOBuffered(width=cfg.bus_bits + 1, depth=self.w_buffer)
+        # (W data: the head is an asynchronous read, a W beat only moves pointers)
+        wfifo = m.submodules.wr_data = RegFIFO(cfg.bus_bits + 1, self.w_buffer, late_write=False)
         pending = Signal(range(self.w_buffer + 1))
         wc_valid = Signal()         # a burst's beats are being read from the scratchpad
         w_idle = Signal()
@@ -663,6 +684,7 @@ class DMA(wiring.Component):
                 wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
                 wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
                 w_empty.eq(_empty(p)),
+                w_n1_one.eq(p.n1 == 1), w_n1_two.eq(p.n1 == 2), w_n2_one.eq(p.n2 == 1),
                 end0.eq(pa + (p.len0 << lb)),
                 mul1.eq(p.n1 - 1), mul2.eq(p.n2 - 1),
                 sh1.eq(Cat(Const(0, lb), p.stride1[lb:])),
@@ -747,12 +769,12 @@ class DMA(wiring.Component):
         m.d.comb += [
             bfifo_in.addr.eq(agw.addr), bfifo_in.last.eq(agw.last),
             bfifo.w_data.eq(bfifo_in.as_value()), bfifo.w_en.eq(aw_load),
-            wb_in.sp.eq(agw.sp), wb_in.blen_m1.eq(agw.blen - 1), wb_in.one.eq(agw.blen == 1),
+            wb_in.sp.eq(agw.sp), wb_in.blen_m1.eq(agw.blen_m1), wb_in.one.eq(agw.blen_one),
             wb_in.target.eq(agw.target),
             wbq.w_data.eq(wb_in.as_value()), wbq.w_en.eq(aw_load),
         ]
         with m.If(aw_load):
-            m.d.sync += [bus.awvalid.eq(1), bus.awaddr.eq(agw.addr), bus.awlen.eq(agw.blen - 1)]
+            m.d.sync += [bus.awvalid.eq(1), bus.awaddr.eq(agw.addr), bus.awlen.eq(agw.blen_m1)]
         with m.Elif(bus.awready):
             m.d.sync += bus.awvalid.eq(0)
 
@@ -797,7 +819,7 @@ class DMA(wiring.Component):
             bus.wdata.eq(wfifo.r_data[:cfg.bus_bits]),
             bus.wlast.eq(wfifo.r_data[cfg.bus_bits]),
             bus.wstrb.eq(Const((1 << cfg.bus_bytes) - 1, cfg.bus_bytes)),
-            wfifo.r_en.eq(bus.wready),
+            wfifo.r_en.eq(bus.wready & wfifo.r_rdy),
             w_beat.eq(bus.wvalid & bus.wready),
         ]
         m.d.sync += [pending.eq(pending + sp_issue - w_beat), self.wr_beat.eq(w_beat)]
