@@ -377,7 +377,10 @@ class _BurstGen(Elaboratable):
         ]
 
         # next state if the current burst is consumed: selected by registered flags only
-        no = off(nrow)
+        # the page offset of nrow, inverted, in registers of its own (the three chains of a
+        # row start do not load nrow's bits, which also feed its own adder)
+        nrow_offn = Signal(len(off(nrow)))
+        no = ~nrow_offn
         n_cur, n_rem, n_to4k = Signal(ab), Signal(16), Signal(range(P + 1))
         n_dm, n_hm, n_em = Signal(signed(18)), Signal(signed(18)), Signal(signed(12))
         with m.If(~row_end & page_end):
@@ -415,6 +418,8 @@ class _BurstGen(Elaboratable):
             new_row.eq(~act | row_end),
             new_plane.eq(~act | (row_end & rows_last)),
         ]
+        n_nrow_v = Signal(ab)
+        m.d.comb += n_nrow_v.eq(Mux(act, Mux(nrl, npn, nrow + stride1), ini.nrow))
         with m.If(upd):
             m.d.sync += [
                 cur.eq(Mux(act, n_cur, ini.cur)),
@@ -430,7 +435,8 @@ class _BurstGen(Elaboratable):
             with m.If(new_row):
                 m.d.sync += [
                     # the row opened is its plane's last: the row after it opens the next plane
-                    nrow.eq(Mux(act, Mux(nrl, npn, nrow + stride1), ini.nrow)),
+                    nrow.eq(n_nrow_v),
+                    nrow_offn.eq(~off(n_nrow_v)),
                     npn.eq(Mux(act, Mux(nrl, npn + stride2, npn), ini.npn)),
                     rows_left.eq(Mux(act, Mux(rows_last, n1, rows_left - 1), ini.rows_left)),
                     rows_last.eq(Mux(act, nrl, ini.rows_last)),
