@@ -21,14 +21,23 @@
 * **Done** when every instruction has been dispatched, every queue is empty and every
   engine, the DMA and the compute pipeline are idle. Any fault (``fault`` input: DMA
   errors, scratchpad range errors) or an illegal instruction ends the run with ``error``.
+
+Fmax: ``rd_cmd``, ``wr_cmd`` and ``cinsn`` are registers (no combinational path between the
+queues and the DMA / compute engine; a register takes a new command only when empty, the
+consumers never accept two in consecutive cycles); each engine first moves its queue's
+head into a head register; the fetch decision, FIFO flags and token availability are
+registered. Cycle cost against a purely combinational controller: the first fetch command
+two cycles later after ``start`` (``START_LATENCY`` in the fast model), and a command two
+cycles later through an empty queue (queue write, head register, command register).
 """
 
-from amaranth.hdl import Signal, Module, Const, Cat, unsigned
+from amaranth.hdl import Signal, Module, Const, Cat, Mux, unsigned
 from amaranth.lib import wiring, stream, data
 from amaranth.lib.wiring import In, Out
-from amaranth.lib.fifo import SyncFIFOBuffered, SyncFIFO
+from amaranth.lib.fifo import SyncFIFO
 
 from .config import AcceleratorConfig
+from .dma import RegFIFO
 from .isa import (INSN_BITS, OP_LOAD, OP_COMPUTE, OP_STORE, TARGET_INSN, dma_insn_layout,
                   compute_insn_layout, insn_layout)
 
@@ -37,18 +46,36 @@ __all__ = ["Controller", "ERR_ILLEGAL_INSN", "FETCH_CHUNK", "QUEUE_DEPTH"]
 ERR_ILLEGAL_INSN = 3
 FETCH_CHUNK = 8
 QUEUE_DEPTH = 8
+_CHUNK_LOG2 = FETCH_CHUNK.bit_length() - 1
+assert FETCH_CHUNK == 1 << _CHUNK_LOG2
 
 
 class _TokenCounter:
+    """Counting semaphore with a registered ``available`` flag (Fmax).
+
+    ``dec`` is applied to ``count`` one cycle late (``dec_d``), so neither the counter nor
+    the flag sits behind a long path: ``available`` is 1 iff the effective count
+    ``count - dec_d`` is non-zero, and ``dec`` may only be raised while it is 1.
+    """
+
     def __init__(self, m, name):
         self.count = Signal(8, name=f"tok_{name}")
         self.inc = Signal(name=f"tok_{name}_inc")
         self.dec = Signal(name=f"tok_{name}_dec")
-        m.d.sync += self.count.eq(self.count + self.inc - self.dec)
-
-    @property
-    def available(self):
-        return self.count != 0
+        self.available = Signal(name=f"tok_{name}_avail")
+        dec_d = Signal(name=f"tok_{name}_dec_d")
+        c = self.count
+        ge2 = Signal(name=f"tok_{name}_ge2")    # count - dec_d >= 2
+        eq1 = Signal(name=f"tok_{name}_eq1")    # count - dec_d == 1
+        m.d.comb += [
+            ge2.eq((c[2:] != 0) | ((c == 2) & ~dec_d) | ((c == 3) & dec_d)),
+            eq1.eq(((c == 1) & ~dec_d) | ((c == 2) & dec_d)),
+        ]
+        m.d.sync += [
+            dec_d.eq(self.dec),
+            self.count.eq(self.count + self.inc - dec_d),
+            self.available.eq(self.inc | ge2 | (eq1 & ~self.dec)),
+        ]
 
 
 class Controller(wiring.Component):
@@ -106,72 +133,90 @@ class Controller(wiring.Component):
         assert bpi >= 1
 
         running = Signal()
+        stopped = Signal()      # error: dispatch no more
         m.d.comb += self.busy.eq(running)
 
         # ---------------------------------------------------------------- fetch
         beat_depth = 2 * FETCH_CHUNK * bpi
-        beats = SyncFIFO(width=bus, depth=beat_depth)
+        beats = RegFIFO(bus, beat_depth, late_write=False)
         m.submodules.beats = beats
         m.d.comb += [beats.w_en.eq(self.ins_we), beats.w_data.eq(self.ins_data)]
-        requested = Signal(32)      # instructions requested so far
-        reserved = Signal(range(beat_depth + 1))   # beats requested but not yet arrived
-        fetch_n = Signal(range(FETCH_CHUNK + 1))
-        remaining = Signal(32)
-        m.d.comb += remaining.eq(self.prog_len - requested)
-        with m.If(remaining >= FETCH_CHUNK):
-            m.d.comb += fetch_n.eq(FETCH_CHUNK)
-        with m.Else():
-            m.d.comb += fetch_n.eq(remaining)
-        fetch_want = Signal()
-        m.d.comb += fetch_want.eq(running & (remaining != 0) &
-                                  (beats.level + reserved + fetch_n * bpi <= beat_depth))
+        # The fetch decision is registered (Fmax): ``remaining`` counts down the
+        # instructions not yet requested, ``fetch_n``/``rem_nz`` are derived from it one
+        # cycle later and ``fetch_want`` one cycle after that, so a fetch command issues at
+        # most every third cycle (a chunk is 8 instructions = 8 * bpi beats, far apart).
+        # Room (``free``) only grows between two fetches, so a one-cycle-old room check is
+        # safe.
+        remaining = Signal(32)      # instructions not yet requested
+        # beat FIFO slots neither filled nor reserved by a fetch in flight
+        # (= beat_depth - FIFO level - beats requested but not yet arrived)
+        free = Signal(range(beat_depth + 1), init=beat_depth)
+        fetch_n = Signal(range(FETCH_CHUNK + 1))   # min(remaining, FETCH_CHUNK), registered
+        rem_nz = Signal()                          # remaining != 0, registered
+        fetch_addr = Signal(32)     # DRAM address of the next instruction to request
+        fetch_want = Signal()       # registered: issue a fetch command this cycle
         fetch_go = Signal()
-        reserve_inc = Signal(range(beat_depth + 1))
+        fetch_go_d = Signal()
+        m.d.sync += [
+            fetch_n.eq(Mux(remaining[_CHUNK_LOG2:].any(), FETCH_CHUNK, remaining[:4])),
+            rem_nz.eq(remaining != 0),
+            fetch_go_d.eq(fetch_go),
+            fetch_want.eq(running & ~stopped & rem_nz & (fetch_n * bpi <= free) & ~fetch_go & ~fetch_go_d),
+        ]
         with m.If(fetch_go):
-            m.d.comb += reserve_inc.eq(fetch_n * bpi)
-        m.d.sync += reserved.eq(reserved + reserve_inc - self.ins_we)
+            m.d.sync += [remaining.eq(remaining - fetch_n),
+                         fetch_addr.eq(fetch_addr + fetch_n * (INSN_BITS // 8)),
+                         free.eq(free - fetch_n * bpi + beats.r_en)]
+        with m.Elif(beats.r_en):
+            m.d.sync += free.eq(free + 1)
 
         # ------------------------------------------------------------- gearbox
+        # The opcode is decoded as the instruction is assembled (registered one-hot flags),
+        # so dispatch is a few gates from registers.
         insn = Signal(INSN_BITS)
         insn_valid = Signal()
         insn_take = Signal()
         gcount = Signal(range(bpi + 1))
+        is_load, is_comp, is_store, is_bad = Signal(), Signal(), Signal(), Signal()
         m.d.comb += beats.r_en.eq(~insn_valid & beats.r_rdy)
+        # beat k of an instruction goes to slot k; the slot's enable does not wait for the
+        # FIFO (a slot written without a beat is rewritten before the instruction is valid),
+        # which keeps the wide enables off the FIFO's ready path
+        for k in range(bpi):
+            with m.If(~insn_valid & (gcount == k)):
+                m.d.sync += insn[k * bus:(k + 1) * bus].eq(beats.r_data)
+        op = beats.r_data[:3] if bpi == 1 else insn[:3]     # at the last beat
         with m.If(beats.r_en):
-            if bpi == 1:
-                m.d.sync += [insn.eq(beats.r_data), insn_valid.eq(1)]
-            else:
-                m.d.sync += insn.eq(Cat(insn[bus:], beats.r_data))
-                with m.If(gcount == bpi - 1):
-                    m.d.sync += [gcount.eq(0), insn_valid.eq(1)]
-                with m.Else():
-                    m.d.sync += gcount.eq(gcount + 1)
+            with m.If(gcount == bpi - 1):
+                m.d.sync += [
+                    gcount.eq(0), insn_valid.eq(1),
+                    is_load.eq(op == OP_LOAD), is_comp.eq(op == OP_COMPUTE),
+                    is_store.eq(op == OP_STORE),
+                    is_bad.eq((op != OP_LOAD) & (op != OP_COMPUTE) & (op != OP_STORE)),
+                ]
+            with m.Else():
+                m.d.sync += gcount.eq(gcount + 1)
         with m.If(insn_take):
             m.d.sync += insn_valid.eq(0)
 
         # ---------------------------------------------------------- dispatcher
-        hdr = data.View(insn_layout(), insn)
-        load_q = SyncFIFOBuffered(width=INSN_BITS, depth=QUEUE_DEPTH)
-        comp_q = SyncFIFOBuffered(width=INSN_BITS, depth=QUEUE_DEPTH)
-        store_q = SyncFIFOBuffered(width=INSN_BITS, depth=QUEUE_DEPTH)
+        load_q = RegFIFO(INSN_BITS, QUEUE_DEPTH)
+        comp_q = RegFIFO(INSN_BITS, QUEUE_DEPTH)
+        store_q = RegFIFO(INSN_BITS, QUEUE_DEPTH)
         m.submodules.load_q, m.submodules.comp_q, m.submodules.store_q = load_q, comp_q, store_q
         dispatched = Signal(32)
         illegal = Signal()
-        stopped = Signal()      # error: dispatch no more
         for q in (load_q, comp_q, store_q):
             m.d.comb += q.w_data.eq(insn)
-        can = running & ~stopped & insn_valid
-        with m.If(can):
-            with m.Switch(hdr.opcode):
-                with m.Case(OP_LOAD):
-                    m.d.comb += [load_q.w_en.eq(load_q.w_rdy), insn_take.eq(load_q.w_rdy)]
-                with m.Case(OP_COMPUTE):
-                    m.d.comb += [comp_q.w_en.eq(comp_q.w_rdy), insn_take.eq(comp_q.w_rdy)]
-                with m.Case(OP_STORE):
-                    m.d.comb += [store_q.w_en.eq(store_q.w_rdy), insn_take.eq(store_q.w_rdy)]
-
-        m.d.comb += illegal.eq(can & (hdr.opcode != OP_LOAD) & (hdr.opcode != OP_COMPUTE)
-                                & (hdr.opcode != OP_STORE))
+        # (insn_valid is only set while running: fetches stop at prog_len and after an error)
+        can = insn_valid & ~stopped
+        m.d.comb += [
+            load_q.w_en.eq(can & is_load & load_q.w_rdy),
+            comp_q.w_en.eq(can & is_comp & comp_q.w_rdy),
+            store_q.w_en.eq(can & is_store & store_q.w_rdy),
+            insn_take.eq(load_q.w_en | comp_q.w_en | store_q.w_en),
+            illegal.eq(can & is_bad),
+        ]
         m.d.comb += self.retired.eq(insn_take)
         with m.If(insn_take):
             m.d.sync += dispatched.eq(dispatched + 1)
@@ -182,85 +227,142 @@ class Controller(wiring.Component):
         c2s = _TokenCounter(m, "c2s")
         s2c = _TokenCounter(m, "s2c")
 
-        # -------------------------------------------------- LOAD engine + fetch arbitration
-        lh = data.View(dma_insn_layout(), load_q.r_data)
-        load_ok = Signal()
-        m.d.comb += load_ok.eq(load_q.r_rdy & (~lh.pop_next | c2l.available))
+        # ------------------------------------------------------------ engines
+        # Each engine moves its queue's head into a head register (``*_h``) whenever that
+        # is empty, and from there, once the tokens it pops are available, into its command
+        # register: ``rd_cmd``, ``wr_cmd`` and ``cinsn`` are registers (Fmax, and no
+        # combinational path between the queues and the DMA / compute engine). A command
+        # moves into its register only when the register is empty: the DMA and the compute
+        # engine never accept two commands in consecutive cycles anyway. ``*_gate`` are
+        # registered preconditions (running, no error, room in the pending FIFO: the
+        # pending FIFOs are written one cycle after the command, so the check is
+        # conservative by two entries).
+        def head(q, layout, name):
+            valid = Signal(name=f"{name}_h_valid")
+            payload = Signal(INSN_BITS, name=f"{name}_h")
+            take = Signal(name=f"{name}_h_take")
+            m.d.comb += q.r_en.eq(~valid & q.r_rdy)
+            with m.If(~valid):
+                m.d.sync += payload.eq(q.r_data)    # (kept only with r_en)
+            with m.If(q.r_en):
+                m.d.sync += valid.eq(1)
+            with m.Elif(take):
+                m.d.sync += valid.eq(0)
+            return valid, data.View(layout, payload), take
+
         rd_pending = SyncFIFO(width=2, depth=16)      # [is_load, push_next] per command
         m.submodules.rd_pending = rd_pending
+        wr_pending = SyncFIFO(width=1, depth=16)      # [push_prev] per STORE
+        m.submodules.wr_pending = wr_pending
+        rd_gate = Signal()
+        wr_gate = Signal()
+        c_gate = Signal()
+        m.d.sync += [
+            rd_gate.eq(running & ~stopped & (rd_pending.level < rd_pending.depth - 2)),
+            wr_gate.eq(running & ~stopped & (wr_pending.level < wr_pending.depth - 2)),
+            c_gate.eq(running & ~stopped),
+        ]
+
+        # -- LOAD engine + fetch arbitration (fetches first)
+        lh_valid, lh, lh_take = head(load_q, dma_insn_layout(), "load")
         desc = self.rd_cmd.payload
         fetch_sel = Signal()
         load_sel = Signal()
         m.d.comb += [
-            fetch_sel.eq(fetch_want & rd_pending.w_rdy),
-            load_sel.eq(~fetch_sel & load_ok & rd_pending.w_rdy & running & ~stopped),
+            fetch_sel.eq(fetch_want & rd_gate & ~self.rd_cmd.valid),
+            load_sel.eq(~fetch_want & lh_valid & (~lh.pop_next | c2l.available) & rd_gate
+                        & ~self.rd_cmd.valid),
             # token decrements as plain ANDs (no X from an empty queue's output in 4-state sims)
-            c2l.dec.eq(load_sel & self.rd_cmd.ready & lh.pop_next),
+            c2l.dec.eq(load_sel & lh.pop_next),
+            lh_take.eq(load_sel),
+            fetch_go.eq(fetch_sel),
         ]
-        with m.If(fetch_sel):
-            m.d.comb += [
-                self.rd_cmd.valid.eq(1),
-                desc.addr.eq(self.prog_base + requested * (INSN_BITS // 8)),
-                desc.len0.eq(fetch_n * bpi), desc.n1.eq(1), desc.n2.eq(1),
-                desc.sp_addr.eq(0), desc.target.eq(TARGET_INSN),
-                fetch_go.eq(self.rd_cmd.ready),
-                rd_pending.w_en.eq(self.rd_cmd.ready), rd_pending.w_data.eq(0),
-            ]
-        with m.Elif(load_sel):
-            for f in ("addr", "len0", "n1", "stride1", "n2", "stride2", "sp_addr", "target"):
-                m.d.comb += getattr(desc, f).eq(getattr(lh, f))
-            m.d.comb += [
-                self.rd_cmd.valid.eq(1),
-                load_q.r_en.eq(self.rd_cmd.ready),
-                rd_pending.w_en.eq(self.rd_cmd.ready),
-                rd_pending.w_data.eq(Cat(Const(1, 1), lh.push_next)),
-            ]
-        with m.If(fetch_go):
-            m.d.sync += requested.eq(requested + fetch_n)
+        rdp_we = Signal()
+        rdp_data = Signal(2)
+        m.d.sync += [rdp_we.eq(fetch_sel | load_sel), rdp_data.eq(Cat(load_sel, lh.push_next))]
+        m.d.comb += [rd_pending.w_en.eq(rdp_we), rd_pending.w_data.eq(rdp_data)]
+        with m.If(self.rd_cmd.ready):
+            m.d.sync += self.rd_cmd.valid.eq(0)
+        fdesc = Signal.like(desc)
+        m.d.comb += [
+            fdesc.addr.eq(fetch_addr), fdesc.len0.eq(fetch_n * bpi), fdesc.n1.eq(1),
+            fdesc.n2.eq(1), fdesc.target.eq(TARGET_INSN),
+        ]
+        ldesc = Signal.like(desc)
+        for f in ("addr", "len0", "n1", "stride1", "n2", "stride2", "sp_addr", "target"):
+            m.d.comb += getattr(ldesc, f).eq(getattr(lh, f))
+        # the payload registers load whenever their command register is empty (what they
+        # take while nothing is selected is never presented): enables straight from a FF
+        with m.If(~self.rd_cmd.valid):
+            # fetch_sel implies fetch_want, load_sel its complement
+            m.d.sync += desc.eq(Mux(fetch_want, fdesc, ldesc))
+        with m.If(fetch_sel | load_sel):
+            m.d.sync += self.rd_cmd.valid.eq(1)
         m.d.comb += [rd_pending.r_en.eq(self.rd_done),
                      l2c.inc.eq(self.rd_done & rd_pending.r_data[0] & rd_pending.r_data[1])]
 
-        # ------------------------------------------------------------ STORE engine
-        sh_ = data.View(dma_insn_layout(), store_q.r_data)
-        wr_pending = SyncFIFO(width=1, depth=16)
-        m.submodules.wr_pending = wr_pending
+        # -- STORE engine
+        sh_valid, sh_, sh_take = head(store_q, dma_insn_layout(), "store")
         store_sel = Signal()
-        m.d.comb += store_sel.eq(store_q.r_rdy & (~sh_.pop_prev | c2s.available) & wr_pending.w_rdy & running & ~stopped)
-        m.d.comb += c2s.dec.eq(store_sel & self.wr_cmd.ready & sh_.pop_prev)
-        with m.If(store_sel):
+        m.d.comb += [
+            store_sel.eq(sh_valid & (~sh_.pop_prev | c2s.available) & wr_gate & ~self.wr_cmd.valid),
+            c2s.dec.eq(store_sel & sh_.pop_prev),
+            sh_take.eq(store_sel),
+        ]
+        wrp_we = Signal()
+        wrp_data = Signal()
+        m.d.sync += [wrp_we.eq(store_sel), wrp_data.eq(sh_.push_prev)]
+        m.d.comb += [wr_pending.w_en.eq(wrp_we), wr_pending.w_data.eq(wrp_data)]
+        with m.If(self.wr_cmd.ready):
+            m.d.sync += self.wr_cmd.valid.eq(0)
+        with m.If(~self.wr_cmd.valid):
             for f in ("addr", "len0", "n1", "stride1", "n2", "stride2", "sp_addr", "target"):
-                m.d.comb += getattr(self.wr_cmd.payload, f).eq(getattr(sh_, f))
-            m.d.comb += [
-                self.wr_cmd.valid.eq(1),
-                store_q.r_en.eq(self.wr_cmd.ready),
-                wr_pending.w_en.eq(self.wr_cmd.ready),
-                wr_pending.w_data.eq(sh_.push_prev),
-            ]
+                m.d.sync += getattr(self.wr_cmd.payload, f).eq(getattr(sh_, f))
+        with m.If(store_sel):
+            m.d.sync += self.wr_cmd.valid.eq(1)
         m.d.comb += [wr_pending.r_en.eq(self.wr_done), s2c.inc.eq(self.wr_done & wr_pending.r_data)]
 
-        # ------------------------------------------------------------ COMPUTE gate
-        ch = data.View(compute_insn_layout(), comp_q.r_data)
+        # -- COMPUTE gate
+        ch_valid, ch, ch_take = head(comp_q, compute_insn_layout(), "comp")
         comp_ok = Signal()
-        m.d.comb += comp_ok.eq(comp_q.r_rdy & (~ch.pop_prev | l2c.available) & (~ch.pop_next | s2c.available))
+        m.d.comb += comp_ok.eq(ch_valid & (~ch.pop_prev | l2c.available) & (~ch.pop_next | s2c.available))
         comp_sel = Signal()
-        m.d.comb += comp_sel.eq(comp_ok & running & ~stopped)
-        m.d.comb += [l2c.dec.eq(comp_sel & self.cinsn.ready & ch.pop_prev),
-                     s2c.dec.eq(comp_sel & self.cinsn.ready & ch.pop_next)]
+        m.d.comb += [
+            comp_sel.eq(comp_ok & c_gate & ~self.cinsn.valid),
+            l2c.dec.eq(comp_sel & ch.pop_prev),
+            s2c.dec.eq(comp_sel & ch.pop_next),
+            ch_take.eq(comp_sel),
+        ]
+        with m.If(self.cinsn.ready):
+            m.d.sync += self.cinsn.valid.eq(0)
+        with m.If(~self.cinsn.valid):
+            m.d.sync += self.cinsn.payload.eq(ch.as_value())
         with m.If(comp_sel):
-            m.d.comb += [
-                self.cinsn.valid.eq(1),
-                self.cinsn.payload.eq(comp_q.r_data),
-                comp_q.r_en.eq(self.cinsn.ready),
-            ]
+            m.d.sync += self.cinsn.valid.eq(1)
         m.d.comb += [c2l.inc.eq(self.c_done_read), c2s.inc.eq(self.c_done_write),
-                     self.compute_waiting.eq(running & comp_q.r_rdy & ~comp_ok)]
+                     self.compute_waiting.eq(running & ch_valid & ~comp_ok)]
+
+        # after an error no command is left behind for the next run
+        with m.If(stopped):
+            m.d.sync += [self.rd_cmd.valid.eq(0), self.wr_cmd.valid.eq(0), self.cinsn.valid.eq(0)]
 
         # ----------------------------------------------------------- run control
+        # ``all_dispatched`` is registered (a 32-bit compare); it only matters once the
+        # queues have drained, long after the last dispatch.
+        all_dispatched = Signal()
+        m.d.sync += all_dispatched.eq(dispatched == self.prog_len)
         all_idle = Signal()
-        m.d.comb += all_idle.eq((dispatched == self.prog_len) & ~load_q.r_rdy & ~comp_q.r_rdy & ~store_q.r_rdy
-                                & ~rd_pending.r_rdy & ~wr_pending.r_rdy & self.c_idle & ~self.dma_busy)
+        m.d.comb += all_idle.eq(all_dispatched & ~load_q.r_rdy & ~comp_q.r_rdy & ~store_q.r_rdy
+                                & ~load_q.we_d & ~comp_q.we_d & ~store_q.we_d
+                                & ~lh_valid & ~ch_valid & ~sh_valid
+                                & ~rd_pending.r_rdy & ~wr_pending.r_rdy & ~rdp_we & ~wrp_we
+                                & ~self.rd_cmd.valid & ~self.wr_cmd.valid & ~self.cinsn.valid
+                                & self.c_idle & ~self.dma_busy)
         with m.If(self.start & ~running):
-            m.d.sync += [running.eq(1), self.done.eq(0), requested.eq(0), dispatched.eq(0),
+            m.d.sync += [running.eq(1), self.done.eq(0), dispatched.eq(0), all_dispatched.eq(0),
+                         remaining.eq(self.prog_len), fetch_addr.eq(self.prog_base),
+                         fetch_n.eq(Mux(self.prog_len[_CHUNK_LOG2:].any(), FETCH_CHUNK, self.prog_len[:4])),
+                         rem_nz.eq(self.prog_len != 0),
                          stopped.eq(0), self.error.eq(0), self.error_code.eq(0), self.error_info.eq(0)]
         with m.Elif(running):
             with m.If(~stopped & illegal):

@@ -23,7 +23,9 @@ Two independent engines, running concurrently:
   while the in-flight budget allows, without waiting for data. ``rready`` is always high;
   each R beat appears on ``sp_we``/``sp_waddr``/``sp_wdata`` one cycle later.
 * **Write** (``wr_cmd``, scratchpad -> DRAM): each command is first checked against the
-  output window (five cycles, overlapped with the previous command's bursts); a command
+  output window (four cycles when ``n1``, ``n2`` <= 1; the ``(n - 1) * stride`` extents are
+  multiplied by shift-and-add, one cycle per bit of ``max(n1 - 1, n2 - 1)`` plus two;
+  overlapped with the previous command's bursts); a command
   touching a byte outside ``[window_lo, window_hi)`` is rejected with error 5 and issues
   nothing. AWs run ahead of the data up to ``max_wr_bursts`` outstanding bursts; the
   scratchpad is read with credits so that no more than ``w_buffer`` words are in flight
@@ -43,18 +45,23 @@ Timing (no bus stalls; deterministic, see docs/dma_csr.md): a read command accep
 cycle 0 presents its first AR in cycle 2 and ARs follow one per cycle; each R beat reaches
 ``sp_we`` one cycle later, so a contiguous read of N beats finishes (``rd_done``) in cycle
 ``N + 2 + L`` where L is the slave's AR-to-first-R latency (2 for cocotbext-axi's AxiRam).
-A write command accepted in cycle 0 presents its first AW in cycle 7 (five cycles of window
-check) and its first W beat in cycle 7 (scratchpad read + W buffer); a contiguous write of
-N beats gets ``wr_done`` in cycle N + 12 against AxiRam (window check: five cycles). The next command of the same engine
-is accepted once the burst generator has issued the previous command's last burst.
+A write command with ``n1``, ``n2`` <= 1 accepted in cycle 0 presents its first AW in cycle 6
+(four cycles of window check, one to start the burst generator) and its first W beat in
+cycle 9 (burst queue, beat issue register, scratchpad read, W buffer); a contiguous write of
+N beats gets ``wr_done`` in cycle N + 11 against AxiRam. The next command of the same
+engine is accepted once the burst generator has issued the previous command's last burst.
+
+Fmax: the burst generators, FIFO flags, credit and error paths are built so that every
+register is at most one carry chain and a few gates from other registers (see
+:class:`_BurstGen`, :class:`RegFIFO`); the multiplications of the window check use no DSP.
 """
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Signal, Module, Const, Cat, Mux, Elaboratable, unsigned
+from amaranth.hdl import Signal, Module, Const, Cat, Mux, Elaboratable, unsigned, signed
 from amaranth.lib import wiring, stream, data
-from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
+from amaranth.lib.memory import Memory
 
 from .axi import axi4_signature, BURST_INCR
 from .config import AcceleratorConfig
@@ -182,89 +189,276 @@ class Descriptor:
         return out
 
 
+class RegFIFO(Elaboratable):
+    """First-word-fall-through FIFO whose ``r_rdy``/``w_rdy`` are registers (Fmax).
+
+    The fill level is kept as a thermometer code (bit ``i``: more than ``i`` entries), so
+    the flags are its end bits and each bit's update is one gate after ``w_en``/``r_en``.
+    With ``late_write``, a write is stored one cycle after ``w_en`` (so a wide RAM write
+    enable is a register): ``w_data`` must still hold the value in the cycle after ``w_en``,
+    and the entry is readable (``r_rdy``) one cycle later than in a plain FIFO. The head
+    (``r_data``) is an asynchronous read of distributed RAM. ``r_en`` / ``w_en`` only with
+    ``r_rdy`` / ``w_rdy``.
+    """
+
+    def __init__(self, width, depth, late_write=True):
+        assert depth >= 2
+        self.width, self.depth, self.late_write = width, depth, late_write
+        self.w_en = Signal()
+        self.w_data = Signal(width)
+        self.w_rdy = Signal()
+        self.r_en = Signal()
+        self.r_data = Signal(width)
+        self.r_rdy = Signal()
+        self.we_d = Signal()                       # one entry being stored (late_write)
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.depth
+        ab = (n - 1).bit_length()
+        storage = m.submodules.storage = Memory(shape=self.width, depth=n, init=[])
+        wp = storage.write_port()
+        rp = storage.read_port(domain="comb")
+        produce = Signal(ab)
+        consume = Signal(ab)
+        we_d = self.we_d
+        m.d.comb += [
+            wp.addr.eq(produce), wp.data.eq(self.w_data), wp.en.eq(we_d),
+            rp.addr.eq(consume), self.r_data.eq(rp.data),
+        ]
+
+        def incr(v):
+            return v + 1 if n & (n - 1) == 0 else Mux(v == n - 1, 0, v + 1)
+        with m.If(we_d):
+            m.d.sync += produce.eq(incr(produce))
+        with m.If(self.r_en):
+            m.d.sync += consume.eq(incr(consume))
+        if self.late_write:
+            m.d.sync += we_d.eq(self.w_en)
+        else:
+            m.d.comb += we_d.eq(self.w_en)
+
+        def thermometer(name, up, down):
+            t = Signal(n, name=name)
+            for i in range(n):
+                below = t[i - 1] if i else Const(1)
+                above = t[i + 1] if i + 1 < n else Const(0)
+                m.d.sync += t[i].eq(Mux(up & ~down, below, Mux(down & ~up, above, t[i])))
+            return t
+        stored = thermometer("stored", we_d, self.r_en)
+        m.d.comb += self.r_rdy.eq(stored[0])
+        if self.late_write:
+            # entries stored or being stored
+            occupied = thermometer("occupied", self.w_en, self.r_en)
+        else:
+            occupied = stored
+        m.d.comb += self.w_rdy.eq(~occupied[n - 1])
+        return m
+
+
 class _BurstGen(Elaboratable):
     """Walks one descriptor and presents its bursts one by one (shared by both engines).
 
-    ``start`` loads ``desc`` (the engine only starts it when ``active`` is low and the
-    descriptor is non-empty). While ``active``, ``addr``/``blen``/``sp``/``target``/``last``
-    describe the current burst; ``next`` consumes it. ``abort`` drops the rest.
+    ``start`` loads ``init`` (the state of the descriptor's first burst, from
+    :meth:`initial`; the engine only starts it when ``active`` is low and the descriptor is
+    non-empty). While ``active``, ``addr``/``blen``/``sp``/``target``/``last`` describe the
+    current burst; ``next`` consumes it (only while ``active``). ``abort`` drops the rest
+    (it wins over ``next``).
+
+    Fmax: no comparison sits between the state and its next value. The current burst is
+    ``blen = min(rem, max_burst, to4k)`` (``to4k``: beats to the next 4 KiB boundary); the
+    three comparisons it needs are the signs of registered differences
+    ``dm = rem - MB - 1``, ``hm = rem - to4k - 1``, ``em = to4k - MB - 1``, and every next
+    value (within a row: minus ``MB`` or minus ``to4k``; at a new row: from the row's 4 KiB
+    offset) is one addition from registers. The next row's address (``nrow``, in whichever
+    plane) and the first row of the plane after it (``npn``) are kept ready, so a new row can
+    start every cycle.
     """
 
     def __init__(self, cfg: AcceleratorConfig):
         self.cfg = cfg
+        self.lb = (cfg.bus_bytes - 1).bit_length()
+        self.P = _BOUNDARY >> self.lb           # beats per 4 KiB page
+        ab = cfg.addr_bits
+        self.state_layout = data.StructLayout({
+            "cur": unsigned(ab), "rem": unsigned(16), "to4k": range(self.P + 1),
+            "dm": signed(18),           # rem - MB - 1
+            "hm": signed(18),           # rem - to4k - 1
+            "em": signed(12),           # to4k - MB - 1
+            "kd": signed(18),           # len0 - MB - 1
+            "kh": signed(18),           # len0 - 1 - P
+            "len0": unsigned(16), "n1": unsigned(16), "n1_one": unsigned(1), "n1_two": unsigned(1),
+            "stride1": unsigned(32), "stride2": unsigned(32),
+            "nrow": unsigned(ab),       # the row after this one (in any plane)
+            "npn": unsigned(ab),        # first row of the plane after nrow's
+            "rows_left": unsigned(16),  # rows of this plane, the current one included
+            "rows_last": unsigned(1),   # rows_left == 1
+            "rows_two": unsigned(1),    # rows_left == 2
+            "nrl": unsigned(1),         # the next row is its plane's last
+            "planes_left": unsigned(16),
+            "planes_last": unsigned(1),  # planes_left == 1
+            "sp": unsigned(16), "target": unsigned(2),
+        })
         self.start = Signal()
-        self.desc = Signal(desc_layout(cfg))
+        self.init = Signal(self.state_layout)
         self.abort = Signal()
         self.next = Signal()
         self.active = Signal()
-        self.addr = Signal(cfg.addr_bits)
+        self.addr = Signal(ab)
         self.blen = Signal(range(cfg.max_burst + 1))
+        self.blen_m1 = Signal(range(cfg.max_burst))     # blen - 1
+        self.blen_one = Signal()                        # blen == 1
         self.sp = Signal(16)
         self.target = Signal(2)
         self.last = Signal()
 
-    def elaborate(self, platform):
-        cfg = self.cfg
-        m = Module()
-        lb = (cfg.bus_bytes - 1).bit_length()
+    def _off(self, a):                          # beat offset of an address in its page
+        return a[self.lb:self.lb + self.P.bit_length() - 1]
+
+    def initial(self, d, n1_one=None, n1_two=None, n2_one=None):
+        """``[(field, value)]`` of the state for descriptor ``d``'s first burst (the flags
+        ``d.n1 == 1``, ``d.n1 == 2``, ``d.n2 == 1`` may be given, computed earlier)."""
+        cfg, lb, P, MB = self.cfg, self.lb, self.P, self.cfg.max_burst
         ab = cfg.addr_bits
 
         def align(v, width):
             return Cat(Const(0, lb), v[lb:width])
-
-        cur = Signal(ab)
-        row_base = Signal(ab)
-        plane_base = Signal(ab)
-        rem = Signal(16)
-        rows_left = Signal(16)
-        planes_left = Signal(16)
-        len0 = Signal(16)
-        n1 = Signal(16)
-        stride1 = Signal(32)
-        stride2 = Signal(32)
-
-        to4k = Signal(range(_BOUNDARY // cfg.bus_bytes + 1))
-        b1 = Signal(range(cfg.max_burst + 1))
-        m.d.comb += [
-            to4k.eq((_BOUNDARY >> lb) - cur[lb:12]),
-            b1.eq(Mux(rem < cfg.max_burst, rem, cfg.max_burst)),
-            self.blen.eq(Mux(to4k < b1, to4k, b1)),
-            self.addr.eq(cur),
+        a = align(d.addr, ab)
+        s1 = align(d.stride1, 32)
+        s2 = align(d.stride2, 32)
+        o = self._off(a)
+        n1_one = d.n1 == 1 if n1_one is None else n1_one
+        n1_two = d.n1 == 2 if n1_two is None else n1_two
+        n2_one = d.n2 == 1 if n2_one is None else n2_one
+        return [
+            ("cur", a), ("rem", d.len0), ("to4k", P - o),
+            ("dm", d.len0 - (MB + 1)), ("hm", d.len0 + o - (P + 1)), ("em", (P - MB - 1) - o),
+            ("kd", d.len0 - (MB + 1)), ("kh", d.len0 - (P + 1)),
+            ("len0", d.len0), ("n1", d.n1), ("n1_one", n1_one), ("n1_two", n1_two),
+            ("stride1", s1), ("stride2", s2),
+            ("nrow", Mux(n1_one, a + s2, a + s1)), ("npn", Mux(n1_one, a + (s2 << 1), a + s2)),
+            ("rows_left", d.n1), ("rows_last", n1_one), ("rows_two", n1_two),
+            ("nrl", n1_one | n1_two),
+            ("planes_left", d.n2), ("planes_last", n2_one),
+            ("sp", d.sp_addr), ("target", d.target),
         ]
+
+    def elaborate(self, platform):
+        cfg = self.cfg
+        m = Module()
+        lb, P, MB = self.lb, self.P, cfg.max_burst
+        ab = cfg.addr_bits
+        off = self._off
+
+        class _State:       # one named register per field (readable netlists)
+            pass
+        st = _State()
+        for name, field in self.state_layout:
+            setattr(st, name, Signal(field.shape, name=name))
+        cur, rem, to4k, dm, hm, em = st.cur, st.rem, st.to4k, st.dm, st.hm, st.em
+        kd, kh, len0, n1, n1_one, n1_two = st.kd, st.kh, st.len0, st.n1, st.n1_one, st.n1_two
+        stride1, stride2, nrow, npn = st.stride1, st.stride2, st.nrow, st.npn
+        rows_left, rows_last, rows_two, nrl = st.rows_left, st.rows_last, st.rows_two, st.nrl
+        planes_left, planes_last = st.planes_left, st.planes_last
+
         row_end = Signal()
+        page_end = Signal()                     # not row_end: the burst runs to the 4 KiB boundary
         m.d.comb += [
-            row_end.eq(rem == self.blen),
-            self.last.eq(row_end & (rows_left == 1) & (planes_left == 1)),
+            row_end.eq(dm[-1] & hm[-1]),
+            page_end.eq(em[-1]),
+            self.blen.eq(Mux(row_end, rem, Mux(page_end, to4k, MB))),
+            # (the candidates first, selected after: the flags do not wait for a carry chain)
+            self.blen_m1.eq(Mux(row_end, rem - 1, Mux(page_end, to4k - 1, MB - 1))),
+            self.blen_one.eq(Mux(row_end, rem == 1, Mux(page_end, to4k == 1, MB == 1))),
+            self.addr.eq(cur),
+            self.sp.eq(st.sp),
+            self.target.eq(st.target),
+            self.last.eq(row_end & rows_last & planes_last),
         ]
 
-        with m.If(self.start):
-            d = self.desc
-            a = align(d.addr, ab)
-            m.d.sync += [
-                self.active.eq(1),
-                cur.eq(a), row_base.eq(a), plane_base.eq(a),
-                rem.eq(d.len0), len0.eq(d.len0),
-                rows_left.eq(d.n1), n1.eq(d.n1),
-                planes_left.eq(d.n2),
-                stride1.eq(align(d.stride1, 32)), stride2.eq(align(d.stride2, 32)),
-                self.sp.eq(d.sp_addr), self.target.eq(d.target),
+        # next state if the current burst is consumed: selected by registered flags only
+        # the page offset of nrow, inverted, in registers of its own (the three chains of a
+        # row start do not load nrow's bits, which also feed its own adder)
+        nrow_offn = Signal(len(off(nrow)))
+        no = ~nrow_offn
+        n_cur, n_rem, n_to4k = Signal(ab), Signal(16), Signal(range(P + 1))
+        n_dm, n_hm, n_em = Signal(signed(18)), Signal(signed(18)), Signal(signed(12))
+        with m.If(~row_end & page_end):
+            # to the 4 KiB boundary: the rest of the row starts a page
+            m.d.comb += [
+                n_cur.eq(Cat(Const(0, 12), cur[12:] + 1)),
+                n_rem.eq(rem - to4k), n_to4k.eq(P),
+                n_dm.eq(hm - MB), n_hm.eq(hm - P), n_em.eq(P - MB - 1),
             ]
-        with m.Elif(self.abort):
-            m.d.sync += self.active.eq(0)
-        with m.Elif(self.next & self.active):
-            m.d.sync += self.sp.eq(self.sp + self.blen)
-            with m.If(~row_end):
-                m.d.sync += [cur.eq(cur + (self.blen << lb)), rem.eq(rem - self.blen)]
-            with m.Elif(rows_left != 1):
-                nrow = row_base + stride1
-                m.d.sync += [row_base.eq(nrow), cur.eq(nrow), rem.eq(len0),
-                             rows_left.eq(rows_left - 1)]
-            with m.Elif(planes_left != 1):
-                nplane = plane_base + stride2
-                m.d.sync += [plane_base.eq(nplane), row_base.eq(nplane), cur.eq(nplane),
-                             rem.eq(len0), rows_left.eq(n1), planes_left.eq(planes_left - 1)]
-            with m.Else():
-                m.d.sync += self.active.eq(0)
+        with m.Elif(~row_end):
+            m.d.comb += [
+                n_cur.eq(cur + (MB << lb)),
+                n_rem.eq(rem - MB), n_to4k.eq(to4k - MB),
+                n_dm.eq(dm - MB), n_hm.eq(hm), n_em.eq(em - MB),
+            ]
+        with m.Else():
+            m.d.comb += [
+                n_cur.eq(nrow), n_rem.eq(len0), n_to4k.eq(P - no),
+                n_dm.eq(kd), n_hm.eq(kh + no), n_em.eq((P - MB - 1) - no),
+            ]
+        # at a new row: the flags of the row it opens (``nrl`` is registered ahead)
+        n_rows_two = Signal()
+        m.d.comb += n_rows_two.eq(Mux(rows_last, n1_two, rows_left == 3))
+
+        # While idle the initial state loads every cycle (kept with ``start``, which sets
+        # ``active``): the enables do not wait for the command handshake, and the registered
+        # ``active`` selects between the initial and the next values.
+        act = self.active
+        ini = self.init
+        upd = Signal()
+        new_row = Signal()                      # the burst after this one opens a row
+        new_plane = Signal()                    # ... and a plane
+        m.d.comb += [
+            upd.eq(~act | self.next),
+            new_row.eq(~act | row_end),
+            new_plane.eq(~act | (row_end & rows_last)),
+        ]
+        n_nrow_v = Signal(ab)
+        m.d.comb += n_nrow_v.eq(Mux(act, Mux(nrl, npn, nrow + stride1), ini.nrow))
+        with m.If(upd):
+            m.d.sync += [
+                cur.eq(Mux(act, n_cur, ini.cur)),
+                rem.eq(Mux(act, n_rem, ini.rem)),
+                to4k.eq(Mux(act, n_to4k, ini.to4k)),
+                dm.eq(Mux(act, n_dm, ini.dm)),
+                hm.eq(Mux(act, n_hm, ini.hm)),
+                em.eq(Mux(act, n_em, ini.em)),
+                # (three adders, selected after: the flags do not wait for a carry chain)
+                st.sp.eq(Mux(act, Mux(row_end, st.sp + rem,
+                                      Mux(page_end, st.sp + to4k, st.sp + MB)), ini.sp)),
+            ]
+            with m.If(new_row):
+                m.d.sync += [
+                    # the row opened is its plane's last: the row after it opens the next plane
+                    nrow.eq(n_nrow_v),
+                    nrow_offn.eq(~off(n_nrow_v)),
+                    npn.eq(Mux(act, Mux(nrl, npn + stride2, npn), ini.npn)),
+                    rows_left.eq(Mux(act, Mux(rows_last, n1, rows_left - 1), ini.rows_left)),
+                    rows_last.eq(Mux(act, nrl, ini.rows_last)),
+                    rows_two.eq(Mux(act, n_rows_two, ini.rows_two)),
+                    # the row after the one opened is its plane's last
+                    nrl.eq(Mux(act, Mux(nrl, n1_one, n_rows_two), ini.nrl)),
+                ]
+            with m.If(new_plane):
+                m.d.sync += [
+                    planes_left.eq(Mux(act, planes_left - 1, ini.planes_left)),
+                    planes_last.eq(Mux(act, planes_left == 2, ini.planes_last)),
+                ]
+        with m.If(~act):
+            m.d.sync += [
+                kd.eq(ini.kd), kh.eq(ini.kh), len0.eq(ini.len0), n1.eq(ini.n1),
+                n1_one.eq(ini.n1_one), n1_two.eq(ini.n1_two),
+                stride1.eq(ini.stride1), stride2.eq(ini.stride2), st.target.eq(ini.target),
+            ]
+        with m.If(self.start):
+            m.d.sync += act.eq(1)
+        with m.Elif(self.abort | (self.next & self.last)):
+            m.d.sync += act.eq(0)
         return m
 
 
@@ -365,24 +559,27 @@ class DMA(wiring.Component):
         agr = m.submodules.rd_bursts = _BurstGen(cfg)
         rinfo_layout = data.StructLayout({"addr": unsigned(ab), "sp": unsigned(16),
                                           "target": unsigned(2), "last": unsigned(1)})
-        rinfo = m.submodules.rd_inflight = SyncFIFO(width=rinfo_layout.size, depth=self.max_rd_bursts)
+        rinfo = m.submodules.rd_inflight = RegFIFO(rinfo_layout.size, max(self.max_rd_bursts, 2), late_write=False)
         rd_kill = Signal()          # draining after an error: suppress writes and done pulses
         rd_kill_r = Signal()
         rd_empty_wait = Signal()    # an empty command waits for the earlier ones to finish
         m.d.comb += rd_kill.eq(error | rd_kill_r)
 
         m.d.comb += self.rd_cmd.ready.eq(~agr.active & ~rd_empty_wait & ~rd_kill)
+        m.d.comb += [getattr(agr.init, f).eq(v) for f, v in agr.initial(self.rd_cmd.p)]
         with m.If(self.rd_cmd.valid & self.rd_cmd.ready):
             with m.If(_empty(self.rd_cmd.p)):
                 m.d.sync += rd_empty_wait.eq(1)
             with m.Else():
-                m.d.comb += [agr.start.eq(1), agr.desc.eq(self.rd_cmd.p)]
+                m.d.comb += agr.start.eq(1)
 
         # AR channel: one burst per cycle while the in-flight budget allows
         ar_load = Signal()
         m.d.comb += [
-            ar_load.eq(agr.active & ~error & rinfo.w_rdy & (~bus.arvalid | bus.arready)),
-            agr.next.eq(ar_load),
+            # the burst generator advances regardless of an error (it is aborted then): the
+            # error only gates the AR register and the in-flight FIFO
+            agr.next.eq(agr.active & rinfo.w_rdy & (~bus.arvalid | bus.arready)),
+            ar_load.eq(agr.next & ~error),
             agr.abort.eq(error),
             bus.arid.eq(0),
             bus.arsize.eq(lb),
@@ -396,7 +593,7 @@ class DMA(wiring.Component):
             rinfo.w_en.eq(ar_load),
         ]
         with m.If(ar_load):
-            m.d.sync += [bus.arvalid.eq(1), bus.araddr.eq(agr.addr), bus.arlen.eq(agr.blen - 1)]
+            m.d.sync += [bus.arvalid.eq(1), bus.araddr.eq(agr.addr), bus.arlen.eq(agr.blen_m1)]
         with m.Elif(bus.arready):
             m.d.sync += bus.arvalid.eq(0)
 
@@ -440,97 +637,134 @@ class DMA(wiring.Component):
 
         # =============================================================== write engine
         agw = m.submodules.wr_bursts = _BurstGen(cfg)
-        # -- intake and window check (five cycles, overlapped with the running command)
+        # -- intake and window check (overlapped with the running command)
         wdesc = Signal(desc_layout(cfg))
-        ext1 = Signal(48)
-        ext2 = Signal(48)
-        ext1_lo = Signal(32); ext1_hi = Signal(32); ext2_lo = Signal(32); ext2_hi = Signal(32)
-        rowbytes = Signal(16 + lb)
+        # the write burst generator's initial state is registered (wdesc is stable from the
+        # cycle after the intake until the start, at least three cycles later)
+        w_n1_one, w_n1_two, w_n2_one = Signal(), Signal(), Signal()
+        m.d.sync += [getattr(agw.init, f).eq(v)
+                     for f, v in agw.initial(wdesc, w_n1_one, w_n1_two, w_n2_one)]
+        # (n1 - 1) * stride1 and (n2 - 1) * stride2 by shift-and-add, one multiplier bit per
+        # cycle, LSB first, stopping when both multipliers are exhausted (no DSP: its
+        # combinational delay alone is over 6 ns on ECP5)
+        mul1 = Signal(16); mul2 = Signal(16)            # n - 1, shifted right each step
+        sh1 = Signal(48); sh2 = Signal(48)              # stride, shifted left each step
+        ext1 = Signal(48); ext2 = Signal(48)            # the accumulated products
+        mul_done = Signal()                             # registered: mul1 == mul2 == 0
+        w_go = Signal()                                 # in state START
+        end0 = Signal(ab + 17)                          # addr + len0 * bus_bytes
+        ext = Signal(49)                                # ext1 + ext2
         w_empty = Signal()
         wr_kill = Signal()
         wr_kill_r = Signal()
         win_bad = Signal()
+        win_lo_bad, win_hi_bad, win_wrap = Signal(), Signal(), Signal()
+        m.d.comb += win_bad.eq(win_lo_bad | win_hi_bad | win_wrap)
         m.d.comb += wr_kill.eq(error | wr_kill_r)
         wb_end = Signal(ab + 50)            # registered in SUM, compared in CMP (Fmax)
         bfifo_layout = data.StructLayout({"addr": unsigned(ab), "last": unsigned(1)})
-        bfifo = m.submodules.wr_inflight = SyncFIFO(width=bfifo_layout.size, depth=self.max_wr_bursts)
-        wb_layout = data.StructLayout({"sp": unsigned(16), "blen": range(cfg.max_burst + 1),
-                                       "target": unsigned(2)})
-        wbq = m.submodules.wr_bursts_q = SyncFIFO(width=wb_layout.size, depth=self.max_wr_bursts)
-        wfifo = m.submodules.wr_data = SyncFIFOBuffered(width=cfg.bus_bits + 1, depth=self.w_buffer)
+        bfifo = m.submodules.wr_inflight = RegFIFO(bfifo_layout.size, max(self.max_wr_bursts, 2), late_write=False)
+        wb_layout = data.StructLayout({"sp": unsigned(16), "blen_m1": range(cfg.max_burst),
+                                       "one": unsigned(1), "target": unsigned(2)})
+        wbq = m.submodules.wr_bursts_q = RegFIFO(wb_layout.size, max(self.max_wr_bursts, 2), late_write=False)
+        # (W data: the head is an asynchronous read, a W beat only moves pointers)
+        wfifo = m.submodules.wr_data = RegFIFO(cfg.bus_bits + 1, self.w_buffer, late_write=False)
         pending = Signal(range(self.w_buffer + 1))
+        wc_valid = Signal()         # a burst's beats are being read from the scratchpad
         w_idle = Signal()
-        m.d.comb += w_idle.eq(~agw.active & ~bfifo.r_rdy & ~wbq.r_rdy & (pending == 0))
+        m.d.comb += w_idle.eq(~agw.active & ~bfifo.r_rdy & ~wbq.r_rdy & ~wc_valid & (pending == 0))
         win_err = Signal()
         w_empty_done = Signal()     # an empty command completes (nothing in flight)
 
+        # the intake registers load every cycle while idle (the enables do not wait for the
+        # handshake, and come from a flag of their own: ``in_idle``); only the state change
+        # waits for it
+        in_idle = Signal(init=1)
+        in_mul = Signal()
+        p = self.wr_cmd.p
+        pa = Cat(Const(0, lb), p.addr[lb:])
+        with m.If(in_idle):
+            m.d.sync += [
+                wdesc.eq(p),
+                wdesc.addr.eq(pa),
+                wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
+                wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
+                w_empty.eq(_empty(p)),
+                w_n1_one.eq(p.n1 == 1), w_n1_two.eq(p.n1 == 2), w_n2_one.eq(p.n2 == 1),
+                end0.eq(pa + (p.len0 << lb)),
+                mul1.eq(p.n1 - 1), mul2.eq(p.n2 - 1),
+                sh1.eq(Cat(Const(0, lb), p.stride1[lb:])),
+                sh2.eq(Cat(Const(0, lb), p.stride2[lb:])),
+                ext1.eq(0), ext2.eq(0), ext.eq(0), mul_done.eq(0),
+            ]
+        with m.Elif(in_mul):
+            m.d.sync += [
+                ext1.eq(ext1 + Mux(mul1[0], sh1, 0)), ext2.eq(ext2 + Mux(mul2[0], sh2, 0)),
+                sh1.eq(sh1 << 1), sh2.eq(sh2 << 1),
+                mul1.eq(mul1 >> 1), mul2.eq(mul2 >> 1),
+                mul_done.eq((mul1[1:] == 0) & (mul2[1:] == 0)),
+            ]
+        m.d.comb += self.wr_cmd.ready.eq(in_idle & ~wr_kill)
         with m.FSM(name="wr_intake") as fsm:
             with m.State("IDLE"):
-                m.d.comb += self.wr_cmd.ready.eq(~wr_kill)
                 with m.If(self.wr_cmd.valid & ~wr_kill):
-                    p = self.wr_cmd.p
-                    m.d.sync += [
-                        wdesc.eq(p),
-                        wdesc.addr.eq(Cat(Const(0, lb), p.addr[lb:])),
-                        wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
-                        wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
-                    ]
-                    m.next = "MUL"
+                    m.d.sync += in_idle.eq(0)
+                    # n1, n2 <= 1: nothing to multiply (n == 0 is an empty command, unchecked)
+                    with m.If((p.n1[1:] == 0) & (p.n2[1:] == 0)):
+                        m.next = "SUM2"
+                    with m.Else():
+                        m.d.sync += in_mul.eq(1)
+                        m.next = "MUL"
             with m.State("MUL"):
-                # 16 x 32 products as two registered 16 x 16 halves (one DSP each), summed in
-                # the next state: keeps the window check off the critical path
-                m.d.sync += [
-                    ext1_lo.eq((wdesc.n1 - 1)[:16] * wdesc.stride1[:16]),
-                    ext1_hi.eq((wdesc.n1 - 1)[:16] * wdesc.stride1[16:32]),
-                    ext2_lo.eq((wdesc.n2 - 1)[:16] * wdesc.stride2[:16]),
-                    ext2_hi.eq((wdesc.n2 - 1)[:16] * wdesc.stride2[16:32]),
-                    rowbytes.eq(wdesc.len0 << lb),
-                    w_empty.eq(_empty(wdesc)),
-                ]
-                m.next = "MUL2"
-            with m.State("MUL2"):
-                m.d.sync += [
-                    ext1.eq(ext1_lo + (ext1_hi << 16)),
-                    ext2.eq(ext2_lo + (ext2_hi << 16)),
-                ]
-                m.next = "SUM"
+                with m.If(mul_done):
+                    m.d.sync += in_mul.eq(0)
+                    m.next = "SUM"
             with m.State("SUM"):
-                m.d.sync += wb_end.eq(wdesc.addr + ext1 + ext2 + rowbytes)
+                m.d.sync += ext.eq(ext1 + ext2)
+                m.next = "SUM2"
+            with m.State("SUM2"):
+                m.d.sync += wb_end.eq(end0 + ext)
                 m.next = "CMP"
             with m.State("CMP"):
-                m.d.sync += win_bad.eq((wdesc.addr < self.window_lo) | (wb_end > self.window_hi))
+                m.d.sync += [win_lo_bad.eq(wdesc.addr < self.window_lo),
+                             win_hi_bad.eq(wb_end[:ab] > self.window_hi),
+                             win_wrap.eq(wb_end[ab:] != 0)]
                 m.next = "CHECK"
             with m.State("CHECK"):
                 with m.If(error):
+                    m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
                 with m.Elif(w_empty):
                     m.next = "EMPTY"
                 with m.Elif(win_bad):
                     m.d.comb += win_err.eq(1)
-                    m.next = "IDLE"
-                with m.Elif(~agw.active):
-                    m.d.comb += [agw.start.eq(1), agw.desc.eq(wdesc)]
+                    m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
                 with m.Else():
+                    m.d.sync += w_go.eq(1)
                     m.next = "START"
             with m.State("START"):
-                with m.If(error):
-                    m.next = "IDLE"
-                with m.Elif(~agw.active):
-                    m.d.comb += [agw.start.eq(1), agw.desc.eq(wdesc)]
+                # (w_go: this state as a flag of its own, so the start is two gates deep)
+                m.d.comb += agw.start.eq(w_go & ~error & ~agw.active)
+                with m.If(error | ~agw.active):
+                    m.d.sync += [w_go.eq(0), in_idle.eq(1)]
                     m.next = "IDLE"
             with m.State("EMPTY"):
                 with m.If(error):
+                    m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
                 with m.Elif(~agw.active & ~bfifo.r_rdy):
                     m.d.comb += w_empty_done.eq(1)
+                    m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
 
         # -- AW channel
         aw_load = Signal()
         m.d.comb += [
-            aw_load.eq(agw.active & ~error & bfifo.w_rdy & wbq.w_rdy & (~bus.awvalid | bus.awready)),
-            agw.next.eq(aw_load),
+            # (wbq holds no more entries than bfifo: a burst leaves wbq before its W data, and
+            # its B comes after them, so bfifo's room implies wbq's)
+            agw.next.eq(agw.active & bfifo.w_rdy & (~bus.awvalid | bus.awready)),
+            aw_load.eq(agw.next & ~error),
             agw.abort.eq(error),
             bus.awid.eq(0),
             bus.awsize.eq(lb),
@@ -541,36 +775,49 @@ class DMA(wiring.Component):
         m.d.comb += [
             bfifo_in.addr.eq(agw.addr), bfifo_in.last.eq(agw.last),
             bfifo.w_data.eq(bfifo_in.as_value()), bfifo.w_en.eq(aw_load),
-            wb_in.sp.eq(agw.sp), wb_in.blen.eq(agw.blen), wb_in.target.eq(agw.target),
+            wb_in.sp.eq(agw.sp), wb_in.blen_m1.eq(agw.blen_m1), wb_in.one.eq(agw.blen_one),
+            wb_in.target.eq(agw.target),
             wbq.w_data.eq(wb_in.as_value()), wbq.w_en.eq(aw_load),
         ]
         with m.If(aw_load):
-            m.d.sync += [bus.awvalid.eq(1), bus.awaddr.eq(agw.addr), bus.awlen.eq(agw.blen - 1)]
+            m.d.sync += [bus.awvalid.eq(1), bus.awaddr.eq(agw.addr), bus.awlen.eq(agw.blen_m1)]
         with m.Elif(bus.awready):
             m.d.sync += bus.awvalid.eq(0)
 
         # -- scratchpad reads with credits, into the W buffer
+        # the head burst moves into registers (``wc_*``) that issue its beats; the last-beat
+        # flag and the credit check are registers too (Fmax)
         whead = data.View(wb_layout, wbq.r_data)
-        woff = Signal(range(max(cfg.max_burst, 2)))
+        wc_sp = Signal(16)
+        wc_left = Signal(range(max(cfg.max_burst, 2)))     # beats after the current one
+        wc_lastbeat = Signal()
+        wc_target = Signal(2)
+        credit = Signal(init=1)                             # pending < w_buffer
         w_lastbeat = Signal()
         sp_issue = Signal()
+        w_beat = Signal()
         m.d.comb += [
-            w_lastbeat.eq(woff == whead.blen - 1),
-            sp_issue.eq(wbq.r_rdy & (pending < self.w_buffer)),
+            w_lastbeat.eq(wc_lastbeat),
+            sp_issue.eq(wc_valid & credit),
             self.sp_re.eq(sp_issue),
-            self.sp_raddr.eq(whead.sp + woff),
-            self.sp_rsrc.eq(whead.target),
+            self.sp_raddr.eq(wc_sp),
+            self.sp_rsrc.eq(wc_target),
+            wbq.r_en.eq(wbq.r_rdy & (~wc_valid | (sp_issue & wc_lastbeat))),
         ]
-        with m.If(sp_issue):
-            with m.If(w_lastbeat):
-                m.d.sync += woff.eq(0)
-                m.d.comb += wbq.r_en.eq(1)
+        with m.If(wbq.r_en):
+            m.d.sync += [wc_valid.eq(1), wc_sp.eq(whead.sp), wc_left.eq(whead.blen_m1),
+                         wc_lastbeat.eq(whead.one), wc_target.eq(whead.target)]
+        with m.Elif(sp_issue):
+            with m.If(wc_lastbeat):
+                m.d.sync += wc_valid.eq(0)
             with m.Else():
-                m.d.sync += woff.eq(woff + 1)
+                m.d.sync += [wc_sp.eq(wc_sp + 1), wc_left.eq(wc_left - 1), wc_lastbeat.eq(wc_left == 1)]
+        # pending after this cycle < w_buffer (a W beat frees one; pending never exceeds it)
+        m.d.sync += credit.eq(w_beat | (pending <= self.w_buffer - 2)
+                              | ((pending == self.w_buffer - 1) & ~sp_issue))
         re_d = Signal()
         last_d = Signal()
         m.d.sync += [re_d.eq(sp_issue), last_d.eq(w_lastbeat)]
-        w_beat = Signal()
         m.d.comb += [
             wfifo.w_en.eq(re_d),
             wfifo.w_data.eq(Cat(self.sp_rdata, last_d)),
@@ -578,7 +825,7 @@ class DMA(wiring.Component):
             bus.wdata.eq(wfifo.r_data[:cfg.bus_bits]),
             bus.wlast.eq(wfifo.r_data[cfg.bus_bits]),
             bus.wstrb.eq(Const((1 << cfg.bus_bytes) - 1, cfg.bus_bytes)),
-            wfifo.r_en.eq(bus.wready),
+            wfifo.r_en.eq(bus.wready & wfifo.r_rdy),
             w_beat.eq(bus.wvalid & bus.wready),
         ]
         m.d.sync += [pending.eq(pending + sp_issue - w_beat), self.wr_beat.eq(w_beat)]
@@ -599,22 +846,37 @@ class DMA(wiring.Component):
         with m.Elif(w_idle):
             m.d.sync += wr_kill_r.eq(0)
         wr_busy = Signal()
-        m.d.comb += wr_busy.eq(~fsm.ongoing("IDLE") | ~w_idle | bus.awvalid | self.wr_done)
+        m.d.comb += wr_busy.eq(~in_idle | ~w_idle | bus.awvalid | self.wr_done)
 
         # ===================================================================== errors
+        # The events, their addresses and ``clear`` are registered first (Fmax); code and
+        # address are the same function of them one cycle later, so the outputs keep their
+        # timing: ``error`` is 1 in the cycle after the event, the first error is kept until
+        # ``clear`` (a read error wins over a write error over a window error).
         ev = Signal()
-        ev_code = Signal(4)
-        ev_addr = Signal(ab)
-        with m.If(r_bad):
-            m.d.comb += [ev.eq(1), ev_code.eq(ERR_AXI_READ), ev_addr.eq(rd_err_addr)]
-        with m.Elif(b_bad):
-            m.d.comb += [ev.eq(1), ev_code.eq(ERR_AXI_WRITE), ev_addr.eq(bhead.addr)]
-        with m.Elif(win_err):
-            m.d.comb += [ev.eq(1), ev_code.eq(ERR_OUT_WINDOW), ev_addr.eq(wdesc.addr)]
-        with m.If(ev & (~error | self.clear)):
-            m.d.sync += [error.eq(1), self.error_code.eq(ev_code), self.error_addr.eq(ev_addr)]
-        with m.Elif(self.clear):
-            m.d.sync += [error.eq(0), self.error_code.eq(0), self.error_addr.eq(0)]
+        m.d.comb += ev.eq(r_bad | b_bad | win_err)
+        # the flag itself is a register: ev | (error & ~clear) is the old rule
+        # "set on an event unless already set (or cleared in the same cycle)"
+        m.d.sync += error.eq(ev | (error & ~self.clear))
+        r_bad_d, b_bad_d, win_err_d, clr_d = Signal(), Signal(), Signal(), Signal()
+        r_addr_d, b_addr_d = Signal(ab), Signal(ab)
+        m.d.sync += [r_bad_d.eq(r_bad), b_bad_d.eq(b_bad), win_err_d.eq(win_err), clr_d.eq(self.clear),
+                     r_addr_d.eq(rd_err_addr), b_addr_d.eq(bhead.addr)]
+        ev_d = Signal()
+        ev_code_d, ev_addr_d = Signal(4), Signal(ab)
+        m.d.comb += ev_d.eq(r_bad_d | b_bad_d | win_err_d)
+        with m.If(r_bad_d):
+            m.d.comb += [ev_code_d.eq(ERR_AXI_READ), ev_addr_d.eq(r_addr_d)]
+        with m.Elif(b_bad_d):
+            m.d.comb += [ev_code_d.eq(ERR_AXI_WRITE), ev_addr_d.eq(b_addr_d)]
+        with m.Elif(win_err_d):
+            m.d.comb += [ev_code_d.eq(ERR_OUT_WINDOW), ev_addr_d.eq(wdesc.addr)]
+        e_prev, code_prev, addr_prev = Signal(), Signal(4), Signal(ab)    # outputs, last cycle
+        m.d.sync += [e_prev.eq(error), code_prev.eq(self.error_code), addr_prev.eq(self.error_addr)]
+        with m.If(ev_d & (~e_prev | clr_d)):
+            m.d.comb += [self.error_code.eq(ev_code_d), self.error_addr.eq(ev_addr_d)]
+        with m.Elif(~clr_d):
+            m.d.comb += [self.error_code.eq(code_prev), self.error_addr.eq(addr_prev)]
 
         m.d.comb += self.busy.eq(rd_busy | wr_busy)
         return m

@@ -167,11 +167,11 @@ class CycleReport:
 
 # Pipeline constants of the RTL (cycles); calibrated against RTL measurements in the
 # tests (tests/cosim/test_accel_layers.py asserts the estimate within a tolerance).
-START_LATENCY = 4          # CTRL write -> first fetch request
+START_LATENCY = 6          # CTRL write -> first fetch request (registered fetch decision + rd_cmd)
 FETCH_LATENCY = 12         # AR -> instructions in the queue
 DMA_READ_LATENCY = 6       # AR -> first beat in a scratchpad (AXI RAM model)
 DMA_WRITE_LATENCY = 6      # last W beat -> B response
-DECODE_LATENCY = 6         # COMPUTE dequeued -> job in the feeders
+DECODE_LATENCY = 7         # COMPUTE dequeued -> job in the feeders (incl. the cinsn register)
 FEED_LATENCY = 3           # feeder read -> array input
 BACKEND_LATENCY = 4 + RQ_LATENCY
 

@@ -136,3 +136,15 @@ def test_window_rejects_without_aw():
         got, _, errors = _run_bursts(cfg, [bad], "wr", window=(lo, hi))
         assert got == [], bad
         assert errors and errors[0] == (5, bad.addr), (bad, errors[:1])
+
+
+def test_window_check_long_multiplier():
+    """The window check multiplies (n - 1) * stride by shift-and-add over the multiplier's
+    bits: a command whose extent ends exactly at window_hi passes, one beat more fails."""
+    cfg = AcceleratorConfig(bus_bits=128, max_burst=16)
+    d = Descriptor(0x10000, 1, 700, 0x30, 3, 0x9000)
+    lo, end = d.extent(cfg.bus_bytes)
+    got, _, errors = _run_bursts(cfg, [d], "wr", window=(lo, end))
+    assert not errors and got == d.bursts(cfg)
+    got, _, errors = _run_bursts(cfg, [d], "wr", window=(lo, end - 16))
+    assert got == [] and errors and errors[0] == (5, d.addr)
