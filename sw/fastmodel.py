@@ -171,9 +171,9 @@ START_LATENCY = 4          # CTRL write -> first fetch request
 FETCH_LATENCY = 12         # AR -> instructions in the queue
 DMA_READ_LATENCY = 6       # AR -> first beat in a scratchpad (AXI RAM model)
 DMA_WRITE_LATENCY = 6      # last W beat -> B response
-DECODE_LATENCY = 6         # COMPUTE dequeued -> job in the feeders
-FEED_LATENCY = 3           # feeder read -> array input
-BACKEND_LATENCY = 4 + RQ_LATENCY
+DECODE_LATENCY = 9         # COMPUTE dequeued -> job in the feeders
+FEED_LATENCY = 4           # feeder read -> array input
+BACKEND_LATENCY = 5 + RQ_LATENCY
 
 
 def estimate_cycles(prog) -> CycleReport:
