@@ -139,8 +139,10 @@ class ComputeEngine(wiring.Component):
         assert MUL_LATENCY == 2
         insn = Signal(compute_insn_layout())
         dstate = Signal(range(7))
+        # room in every queue, registered: only this decoder pushes, at most once every
+        # 7 cycles, so room seen a cycle ago is still there
         room = Signal()
-        m.d.comb += room.eq(act_q.fifo.w_rdy & wgt_q.fifo.w_rdy & back_q.fifo.w_rdy & flag_q.w_rdy)
+        m.d.sync += room.eq(act_q.fifo.w_rdy & wgt_q.fifo.w_rdy & back_q.fifo.w_rdy & flag_q.w_rdy)
         m.d.comb += self.insn.ready.eq(dstate == 0)
         with m.If(dstate == 0):
             with m.If(self.insn.valid):

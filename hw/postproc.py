@@ -15,9 +15,9 @@ x + 2^(n-1) fits in 48 bits plus sign.
 Fixed latency :data:`LATENCY` cycles, no backpressure. Pipelined for Fmax: two 16-bit
 partial products (one DSP each, with its input and output registers), product sum and the
 rounding constant 2^(n-1) decoded alongside, rounding add, a two-step barrel shift,
-saturation to 11 bits (exact, since the clamp to int8 follows), then zero point and clamp
-in one stage (the clamp compares against ``lo - zy`` and ``hi - zy``, prepared early, so the
-zero-point add and the comparisons run side by side).
+saturation to 11 bits (exact, since the clamp to int8 follows), the zero-point add and the
+clamp decisions side by side (comparing against ``lo - zy`` and ``hi - zy``, prepared early),
+then the clamp itself.
 """
 
 from amaranth.hdl import Signal, Module, Const, Cat, signed, unsigned, Mux
@@ -28,7 +28,7 @@ from .pe import registered_mul, MUL_LATENCY
 
 __all__ = ["Requantizer", "LATENCY", "requantize_ref"]
 
-LATENCY = 8
+LATENCY = 9
 
 
 def requantize_ref(acc, m, n, zy, lo, hi):
@@ -141,14 +141,17 @@ class Requantizer(wiring.Component):
                 m.d.sync += sat.eq(-lim - 1)
             with m.Else():
                 m.d.sync += sat.eq(lim)
-            # 8: zero point and clamp: y = clamp(sat + zy, lo, hi), comparing sat itself
-            # against lo - zy and hi - zy
+            # 8: zero point added and the clamp decided side by side (sat compared against
+            # lo - zy and hi - zy), 9: the clamp
+            lt = Signal(name=f"lt{lane}"); gt = Signal(name=f"gt{lane}")
+            yz = Signal(signed(ob), name=f"yz{lane}")
+            m.d.sync += [lt.eq(sat < loz[L - 3]), gt.eq(sat > hiz[L - 3]), yz.eq(sat + zy[L - 3])]
             y = Signal(signed(ob), name=f"y{lane}")
-            with m.If(sat < loz[-1]):
-                m.d.sync += y.eq(lo[-1])
-            with m.Elif(sat > hiz[-1]):
-                m.d.sync += y.eq(hi[-1])
+            with m.If(lt):
+                m.d.sync += y.eq(lo[L - 2])
+            with m.Elif(gt):
+                m.d.sync += y.eq(hi[L - 2])
             with m.Else():
-                m.d.sync += y.eq(sat + zy[-1])
+                m.d.sync += y.eq(yz)
             m.d.comb += self.o_y[lane].eq(y)
         return m

@@ -160,11 +160,11 @@ class RegisteredRAM(wiring.Component):
                         # x18: ADA[1:0] are the byte enables of the write port
                         ports[f"i_ADA{i}"] = Const(1 if dw == 18 and i < 2 else 0)
                         ports[f"i_ADB{i}"] = Const(0)
-                for i in range(18):
-                    ports[f"i_DIA{i}"] = wdata[b * dw + i] if i < dw else Const(0)
-                    ports[f"i_DIB{i}"] = Const(0)
-                    if i < dw:
-                        ports[f"o_DOB{i}"] = rdata[b * dw + i]
+                # (unused data pins stay unconnected, as in yosys' own mapping: tying them
+                # to constants loads the router with hundreds of constant sinks)
+                for i in range(dw):
+                    ports[f"i_DIA{i}"] = wdata[b * dw + i]
+                    ports[f"o_DOB{i}"] = rdata[b * dw + i]
                 for i in range(3):
                     ports[f"i_CSA{i}"] = Const(0)
                     ports[f"i_CSB{i}"] = Const(0)
