@@ -122,12 +122,15 @@ class ComputeEngine(wiring.Component):
         wgt_job_layout = data.StructLayout({"w_base": 16, "rows_m2": signed(25)})
         back_job_layout = data.StructLayout({
             "acc_base": 16, "out_base": 16, "out_stride": 8, "pix_m2": signed(25), "kt_m2": signed(15),
-            "acc_init": 1, "finalize": 1, "push": 1,
-            "zy": 8, "lo": 8, "hi": 8, "aux": aux_layout(cfg),
+            "acc_init": 1, "finalize": 1,
         })
+        # what the back end needs only from stage X on travels in a queue of its own, popped a
+        # cycle after a job's last beat (see the back end)
+        pay_layout = data.StructLayout({"push": 1, "zy": 8, "lo": 8, "hi": 8, "aux": aux_layout(cfg)})
         act_q = _Fifo(m, "act_q", act_job_layout, 3)
         wgt_q = _Fifo(m, "wgt_q", wgt_job_layout, 3)
         back_q = _Fifo(m, "back_q", back_job_layout, 3)
+        pay_q = _Fifo(m, "pay_q", pay_layout, 3)
         flag_q = SyncFIFO(width=1, depth=4)
         m.submodules.flag_q = flag_q
 
@@ -142,7 +145,8 @@ class ComputeEngine(wiring.Component):
         # room in every queue, registered: only this decoder pushes, at most once every
         # 7 cycles, so room seen a cycle ago is still there
         room = Signal()
-        m.d.sync += room.eq(act_q.fifo.w_rdy & wgt_q.fifo.w_rdy & back_q.fifo.w_rdy & flag_q.w_rdy)
+        m.d.sync += room.eq(act_q.fifo.w_rdy & wgt_q.fifo.w_rdy & back_q.fifo.w_rdy & pay_q.fifo.w_rdy
+                            & flag_q.w_rdy)
         m.d.comb += self.insn.ready.eq(dstate == 0)
         with m.If(dstate == 0):
             with m.If(self.insn.valid):
@@ -179,6 +183,7 @@ class ComputeEngine(wiring.Component):
         m.d.comb += push.eq((dstate == 6) & room)
         m.d.comb += [
             act_q.fifo.w_en.eq(push), wgt_q.fifo.w_en.eq(push), back_q.fifo.w_en.eq(push),
+            pay_q.fifo.w_en.eq(push),
             flag_q.w_en.eq(push), flag_q.w_data.eq(insn.push_prev),
         ]
         for f in ("hin", "win", "sh", "sw", "dh", "dw", "zx"):
@@ -202,9 +207,9 @@ class ComputeEngine(wiring.Component):
             back_q.w.kt_m2.eq(kt_m2),
             back_q.w.acc_init.eq(insn.acc_init),
             back_q.w.finalize.eq(insn.finalize),
-            back_q.w.push.eq(insn.push_next),
-            back_q.w.zy.eq(insn.zy), back_q.w.lo.eq(insn.lo), back_q.w.hi.eq(insn.hi),
-            back_q.w.aux.eq(aux_q),
+            pay_q.w.push.eq(insn.push_next),
+            pay_q.w.zy.eq(insn.zy), pay_q.w.lo.eq(insn.lo), pay_q.w.hi.eq(insn.hi),
+            pay_q.w.aux.eq(aux_q),
         ]
 
         # ---------------------------------------------------------- weight feeder
@@ -368,22 +373,22 @@ class ComputeEngine(wiring.Component):
                              out_addr.eq(out_addr + bj.out_stride)]
 
         # stage B registers
-        b_valid = Signal(); b_first = Signal(); b_last = Signal(); b_end = Signal(); b_push = Signal()
+        b_valid = Signal(); b_first = Signal(); b_last = Signal(); b_end = Signal()
         b_addr = Signal(16); b_out = Signal(16)
         b_psum = Signal(data.ArrayLayout(signed(cfg.acc_bits), C))
-        b_aux = Signal(aux_layout(cfg))
-        b_zy = Signal(8); b_lo = Signal(8); b_hi = Signal(8)
         m.d.sync += [
             b_valid.eq(beat),
             b_first.eq(kt_first & bj.acc_init),
             b_last.eq(last_kt & bj.finalize),
             b_end.eq(job_end),
-            b_push.eq(bj.push),
             b_addr.eq(acc_addr),
             b_out.eq(out_addr),
             b_psum.eq(array.out.payload.data),
-            b_aux.eq(bj.aux), b_zy.eq(bj.zy), b_lo.eq(bj.lo), b_hi.eq(bj.hi),
         ]
+        # The payload queue's head is the job of the beat in stage B: it is popped in the
+        # cycle after a job's last beat left stage A, i.e. while that beat is in stage B.
+        pay = pay_q.r
+        m.d.comb += pay_q.fifo.r_en.eq(b_end)
         # The accumulator read-modify-write is split over stages so that neither the block
         # RAM's clock-to-out nor its write setup shares a cycle with the 32-bit adders:
         #   A: read address   B: RAM   X: RAM output register   C: RAM data registered
@@ -400,8 +405,8 @@ class ComputeEngine(wiring.Component):
         x_zy = Signal(8); x_lo = Signal(8); x_hi = Signal(8)
         m.d.sync += [
             x_valid.eq(b_valid), x_first.eq(b_first), x_last.eq(b_last), x_end.eq(b_end),
-            x_push.eq(b_push), x_addr.eq(b_addr), x_out.eq(b_out), x_psum.eq(b_psum),
-            x_aux.eq(b_aux), x_zy.eq(b_zy), x_lo.eq(b_lo), x_hi.eq(b_hi),
+            x_push.eq(pay.push), x_addr.eq(b_addr), x_out.eq(b_out), x_psum.eq(b_psum),
+            x_aux.eq(pay.aux), x_zy.eq(pay.zy), x_lo.eq(pay.lo), x_hi.eq(pay.hi),
         ]
         c_valid = Signal(); c_first = Signal(); c_last = Signal(); c_end = Signal(); c_push = Signal()
         c_addr = Signal(16); c_out = Signal(16)
@@ -452,6 +457,7 @@ class ComputeEngine(wiring.Component):
         pipe = Signal(RQ_LATENCY + 5)
         m.d.sync += pipe.eq(Cat(b_valid, pipe[:-1]))
         m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.r_rdy & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
+                                 & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
                                  & ~afifo.r_rdy & ~wfifo.r_rdy & ~a_rd1 & ~a_rd2 & ~w_rd1 & ~w_rd2
                                  & ~array.busy & ~b_valid & (pipe == 0) & (a_ahead == 0) & (w_ahead == 0))
