@@ -37,6 +37,8 @@ from .config import AcceleratorConfig
 from .isa import compute_insn_layout
 from .systolic import SystolicArray, min_tile_rows
 from .postproc import Requantizer, LATENCY as RQ_LATENCY
+from .pe import registered_mul, MUL_LATENCY
+from .scratchpad import RegisteredRAM, RAM_READ_LATENCY
 
 __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
 
@@ -108,169 +110,218 @@ class ComputeEngine(wiring.Component):
         m.submodules.array = array = SystolicArray(cfg)
 
         A = 20  # signed address arithmetic width (addresses are 16 bits)
+        # Jobs carry loop bounds as "count - 2": a down-counter loaded with it reaches -1
+        # (its sign bit, a plain flip-flop) on the last iteration.
         act_job_layout = data.StructLayout({
-            "kh_n": 4, "kw_n": 4, "cb_n": 10, "oh_n": 12, "ow_n": 12,
-            "hin": 12, "win": 12, "sh": 3, "sw": 3, "dh": 3, "dw": 3, "pt": 4, "pl": 4,
+            "kh_m2": signed(5), "kw_m2": signed(5), "cb_m2": signed(11), "oh_m2": signed(13),
+            "ow_m2": signed(13),
+            "hin": 12, "win": 12, "sh": 3, "sw": 3, "dh": 3, "dw": 3,
+            "npt": signed(14), "npl": signed(14),
             "zx": 8, "addr0": signed(A), "step_ow": A, "step_oh": A, "step_kw": A, "step_kh": A,
         })
-        wgt_job_layout = data.StructLayout({"w_base": 16, "rows": 24})
+        wgt_job_layout = data.StructLayout({"w_base": 16, "rows_m2": signed(25)})
         back_job_layout = data.StructLayout({
-            "acc_base": 16, "out_base": 16, "out_stride": 8, "pixels": 24, "ktiles": 14,
-            "acc_init": 1, "finalize": 1, "push": 1,
-            "zy": 8, "lo": 8, "hi": 8, "aux": aux_layout(cfg),
+            "acc_base": 16, "out_base": 16, "out_stride": 8, "pix_m2": signed(25), "kt_m2": signed(15),
+            "acc_init": 1, "finalize": 1,
         })
+        # what the back end needs only from stage X on travels in a queue of its own, popped a
+        # cycle after a job's last beat (see the back end)
+        pay_layout = data.StructLayout({"push": 1, "zy": 8, "lo": 8, "hi": 8, "aux": aux_layout(cfg)})
         act_q = _Fifo(m, "act_q", act_job_layout, 3)
         wgt_q = _Fifo(m, "wgt_q", wgt_job_layout, 3)
         back_q = _Fifo(m, "back_q", back_job_layout, 3)
+        pay_q = _Fifo(m, "pay_q", pay_layout, 3)
         flag_q = SyncFIFO(width=1, depth=4)
         m.submodules.flag_q = flag_q
 
         # ------------------------------------------------------------------ decode
+        # One state per step; every multiply is a registered_mul (operands and product
+        # registered, MUL_LATENCY cycles), the products of step 1 feed those of step 2.
+        #   0 accept   1 aux read, step-1 operands   2 aux data   3 step-1 products, step-2
+        #   operands   4 (wait)   5 step-2 products: last adds   6 push
+        assert MUL_LATENCY == 2
         insn = Signal(compute_insn_layout())
-        row_stride = Signal(A)
-        dstate = Signal(range(4))
+        dstate = Signal(range(7))
+        # room in every queue, registered: only this decoder pushes, at most once every
+        # 7 cycles, so room seen a cycle ago is still there
         room = Signal()
-        m.d.comb += room.eq(act_q.fifo.w_rdy & wgt_q.fifo.w_rdy & back_q.fifo.w_rdy & flag_q.w_rdy)
+        m.d.sync += room.eq(act_q.fifo.w_rdy & wgt_q.fifo.w_rdy & back_q.fifo.w_rdy & pay_q.fifo.w_rdy
+                            & flag_q.w_rdy)
         m.d.comb += self.insn.ready.eq(dstate == 0)
-        # small multiplies, one register stage each (decode takes 4 cycles per instruction)
-        khkw = Signal(8)
-        ktiles = Signal(14)
-        pixels = Signal(24)
-        addr0 = Signal(signed(A)); step_ow = Signal(A); step_oh = Signal(A)
-        step_kw = Signal(A); step_kh = Signal(A)
-        with m.Switch(dstate):
-            with m.Case(0):
-                with m.If(self.insn.valid):
-                    m.d.sync += [insn.eq(self.insn.payload), dstate.eq(1)]
-            with m.Case(1):
-                m.d.comb += [self.aux_rd_en.eq(1), self.aux_rd_addr.eq(insn.aux_addr)]
-                m.d.sync += [row_stride.eq(insn.win * insn.cbp), khkw.eq(insn.kh_n * insn.kw_n),
-                             pixels.eq(insn.oh_n * insn.ow_n),
-                             step_ow.eq(insn.sw * insn.cbp), step_kw.eq(insn.dw * insn.cbp),
-                             dstate.eq(2)]
-            with m.Case(2):
-                m.d.sync += [ktiles.eq(khkw * insn.cb_n),
-                             addr0.eq(insn.a_base - insn.pt * row_stride - insn.pl * insn.cbp),
-                             step_oh.eq(insn.sh * row_stride), step_kh.eq(insn.dh * row_stride),
-                             dstate.eq(3)]
-            with m.Case(3):
-                with m.If(room):
-                    m.d.sync += dstate.eq(0)
+        with m.If(dstate == 0):
+            with m.If(self.insn.valid):
+                m.d.sync += [insn.eq(self.insn.payload), dstate.eq(1)]
+        with m.Elif(dstate == 6):
+            with m.If(room):
+                m.d.sync += dstate.eq(0)
+        with m.Else():
+            m.d.sync += dstate.eq(dstate + 1)
+        m.d.comb += [self.aux_rd_en.eq(dstate == 1), self.aux_rd_addr.eq(insn.aux_addr)]
+        aux_q = Signal(aux_layout(cfg))
+        with m.If(dstate == 2):
+            m.d.sync += aux_q.eq(self.aux_rd_data)
+        # addresses only matter modulo 2^16 (act_rd_addr is 16 bits), so 16-bit factors do
+        mul = lambda a, b, name: registered_mul(m, platform, a, b, name)
+        row_stride_p = mul(insn.win, insn.cbp, "dec_rs")
+        row_stride = row_stride_p[:16]
+        pixels = mul(insn.oh_n, insn.ow_n, "dec_px")[:24]
+        khkw = mul(insn.kh_n, insn.kw_n, "dec_khkw")[:8]
+        step_ow = mul(insn.sw, insn.cbp, "dec_sow")[:A]
+        step_kw = mul(insn.dw, insn.cbp, "dec_skw")[:A]
+        plcbp = mul(insn.pl, insn.cbp, "dec_pl")[:A]
+        ktiles = mul(khkw, insn.cb_n, "dec_kt")[:14]
+        ptrs = mul(insn.pt, row_stride, "dec_pt")[:A]
+        step_oh = mul(insn.sh, row_stride, "dec_soh")[:A]
+        step_kh = mul(insn.dh, row_stride, "dec_skh")[:A]
+        a_tmp = Signal(signed(A)); addr0 = Signal(signed(A))
+        pix_m2 = Signal(signed(25)); kt_m2 = Signal(signed(15)); rows_m2 = Signal(signed(25))
+        with m.If(dstate == 3):
+            m.d.sync += [a_tmp.eq(insn.a_base - plcbp), pix_m2.eq(pixels - 2)]
+        with m.If(dstate == 5):
+            m.d.sync += [addr0.eq(a_tmp - ptrs), kt_m2.eq(ktiles - 2), rows_m2.eq(ktiles * R - 2)]
         push = Signal()
-        m.d.comb += push.eq((dstate == 3) & room)
-        aux_now = data.View(aux_layout(cfg), self.aux_rd_data)
+        m.d.comb += push.eq((dstate == 6) & room)
         m.d.comb += [
             act_q.fifo.w_en.eq(push), wgt_q.fifo.w_en.eq(push), back_q.fifo.w_en.eq(push),
+            pay_q.fifo.w_en.eq(push),
             flag_q.w_en.eq(push), flag_q.w_data.eq(insn.push_prev),
         ]
-        for f in ("kh_n", "kw_n", "cb_n", "oh_n", "ow_n", "hin", "win", "sh", "sw", "dh", "dw",
-                  "pt", "pl", "zx"):
+        for f in ("hin", "win", "sh", "sw", "dh", "dw", "zx"):
             m.d.comb += getattr(act_q.w, f).eq(getattr(insn, f))
         m.d.comb += [
+            act_q.w.kh_m2.eq(insn.kh_n - 2), act_q.w.kw_m2.eq(insn.kw_n - 2),
+            act_q.w.cb_m2.eq(insn.cb_n - 2), act_q.w.oh_m2.eq(insn.oh_n - 2),
+            act_q.w.ow_m2.eq(insn.ow_n - 2),
+            act_q.w.npt.eq(-insn.pt), act_q.w.npl.eq(-insn.pl),
             act_q.w.addr0.eq(addr0),
             act_q.w.step_ow.eq(step_ow),
             act_q.w.step_oh.eq(step_oh),
             act_q.w.step_kw.eq(step_kw),
             act_q.w.step_kh.eq(step_kh),
             wgt_q.w.w_base.eq(insn.w_base),
-            wgt_q.w.rows.eq(ktiles * R),
+            wgt_q.w.rows_m2.eq(rows_m2),
             back_q.w.acc_base.eq(insn.acc_base),
             back_q.w.out_base.eq(insn.out_base),
             back_q.w.out_stride.eq(insn.out_stride),
-            back_q.w.pixels.eq(pixels),
-            back_q.w.ktiles.eq(ktiles),
+            back_q.w.pix_m2.eq(pix_m2),
+            back_q.w.kt_m2.eq(kt_m2),
             back_q.w.acc_init.eq(insn.acc_init),
             back_q.w.finalize.eq(insn.finalize),
-            back_q.w.push.eq(insn.push_next),
-            back_q.w.zy.eq(insn.zy), back_q.w.lo.eq(insn.lo), back_q.w.hi.eq(insn.hi),
-            back_q.w.aux.eq(aux_now),
+            pay_q.w.push.eq(insn.push_next),
+            pay_q.w.zy.eq(insn.zy), pay_q.w.lo.eq(insn.lo), pay_q.w.hi.eq(insn.hi),
+            pay_q.w.aux.eq(aux_q),
         ]
 
         # ---------------------------------------------------------- weight feeder
-        wfifo = SyncFIFO(width=C * cfg.weight_bits, depth=4)
+        # The current job sits in local registers (loaded from the queue as the previous
+        # one issues its last row, so jobs follow each other without a bubble). Scratchpad
+        # data is registered once before the FIFO; issue is credit-based (w_cnt counts rows
+        # issued and not yet taken out of the FIFO).
+        WD = 6
+        wfifo = SyncFIFO(width=C * cfg.weight_bits, depth=WD)
         m.submodules.wfifo = wfifo
-        w_i = Signal(24)
-        w_inflight = Signal()
-        w_job_done = Signal()
         wj = wgt_q.r
-        w_issue = Signal()
-        m.d.comb += w_issue.eq(wgt_q.fifo.r_rdy & (wfifo.level + w_inflight < 4))
-        m.d.comb += [self.wgt_rd_en.eq(w_issue), self.wgt_rd_addr.eq(wj.w_base + w_i)]
-        m.d.sync += w_inflight.eq(w_issue)
-        # (job-done strobes are plain ANDs: Icarus would turn a mux on the FIFO's still
-        # undefined output into X even when w_issue is 0)
-        m.d.comb += w_job_done.eq(w_issue & (w_i == wj.rows - 1))
-        m.d.comb += wgt_q.fifo.r_en.eq(w_job_done)
-        with m.If(w_job_done):
-            m.d.sync += w_i.eq(0)
+        w_valid = Signal(); w_addr = Signal(16); w_left = Signal(signed(25))
+        w_cnt = Signal(range(WD + 1)); w_cred = Signal()
+        w_issue = Signal(); w_job_done = Signal(); w_load = Signal()
+        w_rd1 = Signal(); w_rd2 = Signal(); w_data2 = Signal(C * cfg.weight_bits)
+        m.d.comb += [
+            w_issue.eq(w_valid & w_cred),
+            w_job_done.eq(w_issue & w_left[-1]),
+            w_load.eq(wgt_q.fifo.r_rdy & (~w_valid | w_job_done)),
+            wgt_q.fifo.r_en.eq(w_load),
+            self.wgt_rd_en.eq(w_issue), self.wgt_rd_addr.eq(w_addr),
+        ]
+        with m.If(w_load):
+            m.d.sync += [w_valid.eq(1), w_addr.eq(wj.w_base), w_left.eq(wj.rows_m2)]
+        with m.Elif(w_job_done):
+            m.d.sync += w_valid.eq(0)
         with m.Elif(w_issue):
-            m.d.sync += w_i.eq(w_i + 1)
-        m.d.comb += [wfifo.w_en.eq(w_inflight), wfifo.w_data.eq(self.wgt_rd_data)]
+            m.d.sync += [w_addr.eq(w_addr + 1), w_left.eq(w_left - 1)]
+        w_pop = Signal()
+        m.d.comb += w_pop.eq(wfifo.r_rdy & wfifo.r_en)
+        w_cnt_next = w_cnt + w_issue - w_pop
+        m.d.sync += [w_cnt.eq(w_cnt_next), w_cred.eq(w_cnt_next < WD)]
+        m.d.sync += [w_rd1.eq(w_issue), w_rd2.eq(w_rd1), w_data2.eq(self.wgt_rd_data)]
+        m.d.comb += [wfifo.w_en.eq(w_rd2), wfifo.w_data.eq(w_data2)]
         m.d.comb += [array.wgt.valid.eq(wfifo.r_rdy), array.wgt.payload.eq(wfifo.r_data),
                      wfifo.r_en.eq(array.wgt.ready)]
 
         # ------------------------------------------------------ activation feeder
+        # A job is copied out of the queue as it starts (one cycle, as before); the loop
+        # nest runs on down-counters whose sign bits are the "last" flags, so the next
+        # addresses are one add and a mux on registered selects.
+        AD = 6
         aj = act_q.r
-        afifo = SyncFIFO(width=R * cfg.input_bits + 1, depth=4)
+        afifo = SyncFIFO(width=R * cfg.input_bits + 1, depth=AD)
         m.submodules.afifo = afifo
-        kh = Signal(4); kw = Signal(4); cb = Signal(10)
-        oh = Signal(12); ow = Signal(12)
+        J = Signal(act_job_layout)
+        c_kh = Signal(signed(5)); c_kw = Signal(signed(5)); c_cb = Signal(signed(11))
+        c_oh = Signal(signed(13)); c_ow = Signal(signed(13))
         a_kh = Signal(signed(A)); a_kw = Signal(signed(A)); a_cb = Signal(signed(A))
         a_row = Signal(signed(A)); a_px = Signal(signed(A))
         ih_k = Signal(signed(14)); iw_k = Signal(signed(14))
         ih = Signal(signed(14)); iw = Signal(signed(14))
+        tile_first = Signal()
         started = Signal()
-        a_inflight = Signal(); a_pad_q = Signal(); a_first_q = Signal()
+        a_cnt = Signal(range(AD + 1)); a_cred = Signal()
+        a_rd1 = Signal(); a_rd2 = Signal(); a_pad1 = Signal(); a_first1 = Signal()
+        a_data2 = Signal(R * cfg.input_bits + 1)
         a_job_done = Signal()
         a_issue = Signal()
-        m.d.comb += a_issue.eq(act_q.fifo.r_rdy & started & (afifo.level + a_inflight < 4))
+        a_start = Signal()
+        m.d.comb += [a_issue.eq(started & a_cred), a_start.eq(act_q.fifo.r_rdy & ~started),
+                     act_q.fifo.r_en.eq(a_start)]
         inside = Signal()
-        m.d.comb += inside.eq((ih >= 0) & (ih < aj.hin) & (iw >= 0) & (iw < aj.win))
+        m.d.comb += inside.eq((ih >= 0) & (ih < J.hin) & (iw >= 0) & (iw < J.win))
         m.d.comb += [self.act_rd_en.eq(a_issue & inside), self.act_rd_addr.eq(a_px[:16])]
-        m.d.sync += [a_inflight.eq(a_issue), a_pad_q.eq(~inside), a_first_q.eq((oh == 0) & (ow == 0))]
-        with m.If(act_q.fifo.r_rdy & ~started):
+        with m.If(a_start):
             # first pixel of the first K tile of a new job
-            m.d.sync += [started.eq(1), kh.eq(0), kw.eq(0), cb.eq(0), oh.eq(0), ow.eq(0),
+            m.d.sync += [started.eq(1), J.eq(aj), tile_first.eq(1),
+                         c_kh.eq(aj.kh_m2), c_kw.eq(aj.kw_m2), c_cb.eq(aj.cb_m2),
+                         c_oh.eq(aj.oh_m2), c_ow.eq(aj.ow_m2),
                          a_kh.eq(aj.addr0), a_kw.eq(aj.addr0), a_cb.eq(aj.addr0),
                          a_row.eq(aj.addr0), a_px.eq(aj.addr0),
-                         ih_k.eq(-aj.pt), iw_k.eq(-aj.pl), ih.eq(-aj.pt), iw.eq(-aj.pl)]
+                         ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih.eq(aj.npt), iw.eq(aj.npl)]
+        last_ow, last_oh, last_cb, last_kw, last_kh = c_ow[-1], c_oh[-1], c_cb[-1], c_kw[-1], c_kh[-1]
         with m.If(a_issue):
-            last_ow = ow == aj.ow_n - 1
-            last_oh = oh == aj.oh_n - 1
-            last_cb = cb == aj.cb_n - 1
-            last_kw = kw == aj.kw_n - 1
-            last_kh = kh == aj.kh_n - 1
+            m.d.sync += tile_first.eq(0)
             with m.If(~last_ow):
-                m.d.sync += [ow.eq(ow + 1), a_px.eq(a_px + aj.step_ow), iw.eq(iw + aj.sw)]
+                m.d.sync += [c_ow.eq(c_ow - 1), a_px.eq(a_px + J.step_ow), iw.eq(iw + J.sw)]
             with m.Elif(~last_oh):
-                m.d.sync += [ow.eq(0), oh.eq(oh + 1), a_row.eq(a_row + aj.step_oh),
-                             a_px.eq(a_row + aj.step_oh), ih.eq(ih + aj.sh), iw.eq(iw_k)]
+                m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(c_oh - 1), a_row.eq(a_row + J.step_oh),
+                             a_px.eq(a_row + J.step_oh), ih.eq(ih + J.sh), iw.eq(iw_k)]
             with m.Else():
                 # next K tile
-                m.d.sync += [ow.eq(0), oh.eq(0)]
+                m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(J.oh_m2), tile_first.eq(1)]
                 with m.If(~last_cb):
-                    m.d.sync += [cb.eq(cb + 1), a_cb.eq(a_cb + 1), a_row.eq(a_cb + 1),
+                    m.d.sync += [c_cb.eq(c_cb - 1), a_cb.eq(a_cb + 1), a_row.eq(a_cb + 1),
                                  a_px.eq(a_cb + 1), ih.eq(ih_k), iw.eq(iw_k)]
                 with m.Elif(~last_kw):
-                    nxt = a_kw + aj.step_kw
-                    m.d.sync += [cb.eq(0), kw.eq(kw + 1), a_kw.eq(nxt), a_cb.eq(nxt), a_row.eq(nxt),
-                                 a_px.eq(nxt), iw_k.eq(iw_k + aj.dw), ih.eq(ih_k), iw.eq(iw_k + aj.dw)]
+                    nxt = a_kw + J.step_kw
+                    m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(c_kw - 1), a_kw.eq(nxt), a_cb.eq(nxt),
+                                 a_row.eq(nxt), a_px.eq(nxt), iw_k.eq(iw_k + J.dw), ih.eq(ih_k),
+                                 iw.eq(iw_k + J.dw)]
                 with m.Elif(~last_kh):
-                    nxt = a_kh + aj.step_kh
-                    m.d.sync += [cb.eq(0), kw.eq(0), kh.eq(kh + 1), a_kh.eq(nxt), a_kw.eq(nxt),
-                                 a_cb.eq(nxt), a_row.eq(nxt), a_px.eq(nxt),
-                                 ih_k.eq(ih_k + aj.dh), iw_k.eq(-aj.pl),
-                                 ih.eq(ih_k + aj.dh), iw.eq(-aj.pl)]
+                    nxt = a_kh + J.step_kh
+                    m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(J.kw_m2), c_kh.eq(c_kh - 1), a_kh.eq(nxt),
+                                 a_kw.eq(nxt), a_cb.eq(nxt), a_row.eq(nxt), a_px.eq(nxt),
+                                 ih_k.eq(ih_k + J.dh), iw_k.eq(J.npl),
+                                 ih.eq(ih_k + J.dh), iw.eq(J.npl)]
                 with m.Else():
                     m.d.sync += started.eq(0)
-        m.d.comb += a_job_done.eq(a_issue & (ow == aj.ow_n - 1) & (oh == aj.oh_n - 1) & (cb == aj.cb_n - 1)
-                                  & (kw == aj.kw_n - 1) & (kh == aj.kh_n - 1))
-        m.d.comb += act_q.fifo.r_en.eq(a_job_done)
-        zx_q = Signal(8)
-        m.d.sync += zx_q.eq(aj.zx)
+        m.d.comb += a_job_done.eq(a_issue & last_ow & last_oh & last_cb & last_kw & last_kh)
+        a_pop = Signal()
+        m.d.comb += a_pop.eq(afifo.r_rdy & afifo.r_en)
+        a_cnt_next = a_cnt + a_issue - a_pop
+        m.d.sync += [a_cnt.eq(a_cnt_next), a_cred.eq(a_cnt_next < AD)]
+        # read (scratchpad), then the scratchpad data registered, then the FIFO
+        m.d.sync += [a_rd1.eq(a_issue), a_pad1.eq(~inside), a_first1.eq(tile_first),
+                     a_rd2.eq(a_rd1),
+                     a_data2.eq(Cat(Mux(a_pad1, J.zx.replicate(R), self.act_rd_data), a_first1))]
         m.d.comb += [
-            afifo.w_en.eq(a_inflight),
-            afifo.w_data.eq(Cat(Mux(a_pad_q, zx_q.replicate(R), self.act_rd_data), a_first_q)),
+            afifo.w_en.eq(a_rd2),
+            afifo.w_data.eq(a_data2),
             array.act.valid.eq(afifo.r_rdy),
             array.act.payload.eq(afifo.r_data),
             afifo.r_en.eq(array.act.ready),
@@ -286,74 +337,92 @@ class ComputeEngine(wiring.Component):
         m.d.comb += [flag_q.r_en.eq(resolve), self.done_read.eq(resolve & flag_q.r_data)]
 
         # ------------------------------------------------------------------ back end
-        bj = back_q.r
-        accmem = Memory(shape=unsigned(C * cfg.acc_bits), depth=self.acc_depth, init=[])
-        m.submodules.accmem = accmem
-        acc_wp = accmem.write_port()
-        acc_rp = accmem.read_port(transparent_for=(acc_wp,))
+        # The current job sits in local registers, loaded from the queue as the previous
+        # job's last beat arrives (or as soon as it is queued, long before its first beat:
+        # the array's latency is longer than the queue's); addresses are counters and the
+        # "last pixel" / "last K tile" flags are sign bits of down-counters.
+        bq = back_q.r
+        m.submodules.accmem = accmem = RegisteredRAM(C * cfg.acc_bits, self.acc_depth)
+        assert RAM_READ_LATENCY == 2
 
-        p = Signal(24); kt = Signal(14)
-        out_addr = Signal(16)
+        bj = Signal(back_job_layout)
+        bj_valid = Signal()
+        p_left = Signal(signed(25)); kt_left = Signal(signed(15)); kt_first = Signal()
+        acc_addr = Signal(16); out_addr = Signal(16)
         beat = Signal()
         m.d.comb += [beat.eq(array.out.valid), array.out.ready.eq(1)]
-        last_p = p == bj.pixels - 1
-        start_addr = Signal(16)      # output element of pixel p (pixel 0: straight from the job)
-        m.d.comb += start_addr.eq(Mux(p == 0, bj.out_base, out_addr))
-        last_kt = kt == bj.ktiles - 1
+        last_p = p_left[-1]
+        last_kt = kt_left[-1]
         job_end = Signal()
-        m.d.comb += job_end.eq(beat & last_p & last_kt)
-        m.d.comb += back_q.fifo.r_en.eq(job_end)
-        m.d.comb += [acc_rp.addr.eq(bj.acc_base + p), acc_rp.en.eq(beat)]
-        with m.If(beat):
+        b_load = Signal()
+        m.d.comb += [job_end.eq(beat & last_p & last_kt),
+                     b_load.eq(back_q.fifo.r_rdy & (~bj_valid | job_end)),
+                     back_q.fifo.r_en.eq(b_load)]
+        m.d.comb += [accmem.r_addr.eq(acc_addr), accmem.r_en.eq(beat)]
+        with m.If(b_load):
+            m.d.sync += [bj_valid.eq(1), bj.eq(bq), p_left.eq(bq.pix_m2), kt_left.eq(bq.kt_m2),
+                         kt_first.eq(1), acc_addr.eq(bq.acc_base), out_addr.eq(bq.out_base)]
+        with m.Elif(job_end):
+            m.d.sync += bj_valid.eq(0)
+        with m.Elif(beat):
             with m.If(last_p):
-                m.d.sync += p.eq(0)
-                with m.If(last_kt):
-                    m.d.sync += kt.eq(0)
-                with m.Else():
-                    m.d.sync += kt.eq(kt + 1)
+                m.d.sync += [p_left.eq(bj.pix_m2), kt_left.eq(kt_left - 1), kt_first.eq(0),
+                             acc_addr.eq(bj.acc_base), out_addr.eq(bj.out_base)]
             with m.Else():
-                m.d.sync += [p.eq(p + 1), out_addr.eq(start_addr + bj.out_stride)]
+                m.d.sync += [p_left.eq(p_left - 1), acc_addr.eq(acc_addr + 1),
+                             out_addr.eq(out_addr + bj.out_stride)]
 
         # stage B registers
-        b_valid = Signal(); b_first = Signal(); b_last = Signal(); b_end = Signal(); b_push = Signal()
+        b_valid = Signal(); b_first = Signal(); b_last = Signal(); b_end = Signal()
         b_addr = Signal(16); b_out = Signal(16)
         b_psum = Signal(data.ArrayLayout(signed(cfg.acc_bits), C))
-        b_aux = Signal(aux_layout(cfg))
-        b_zy = Signal(8); b_lo = Signal(8); b_hi = Signal(8)
         m.d.sync += [
             b_valid.eq(beat),
-            b_first.eq((kt == 0) & bj.acc_init),
+            b_first.eq(kt_first & bj.acc_init),
             b_last.eq(last_kt & bj.finalize),
             b_end.eq(job_end),
-            b_push.eq(bj.push),
-            b_addr.eq(bj.acc_base + p),
-            b_out.eq(start_addr),
+            b_addr.eq(acc_addr),
+            b_out.eq(out_addr),
             b_psum.eq(array.out.payload.data),
-            b_aux.eq(bj.aux), b_zy.eq(bj.zy), b_lo.eq(bj.lo), b_hi.eq(bj.hi),
         ]
+        # The payload queue's head is the job of the beat in stage B: it is popped in the
+        # cycle after a job's last beat left stage A, i.e. while that beat is in stage B.
+        pay = pay_q.r
+        m.d.comb += pay_q.fifo.r_en.eq(b_end)
         # The accumulator read-modify-write is split over stages so that neither the block
         # RAM's clock-to-out nor its write setup shares a cycle with the 32-bit adders:
-        #   A: read address   B: RAM data out   C: add (registered)   D: write + requantize
+        #   A: read address   B: RAM   X: RAM output register   C: RAM data registered
+        #   D: add (registered)   E: write + requantize
         # No forwarding is needed: a row is read again only by the same pixel of the next
-        # K tile, at least min_tile_rows = 2R + C + 1 >= 4 cycles later (the array cannot
-        # start a tile sooner), by which time the write (stage D, 3 cycles after the read)
-        # has committed. The read port is transparent as well, for good measure.
+        # K tile, at least min_tile_rows = 2R + C + 1 >= 5 cycles later (the array cannot
+        # start a tile sooner), by which time the write (stage E, 4 cycles after the read)
+        # has committed.
         acc_row = data.ArrayLayout(signed(cfg.acc_bits), C)
+        x_valid = Signal(); x_first = Signal(); x_last = Signal(); x_end = Signal(); x_push = Signal()
+        x_addr = Signal(16); x_out = Signal(16)
+        x_psum = Signal(acc_row)
+        x_aux = Signal(aux_layout(cfg))
+        x_zy = Signal(8); x_lo = Signal(8); x_hi = Signal(8)
+        m.d.sync += [
+            x_valid.eq(b_valid), x_first.eq(b_first), x_last.eq(b_last), x_end.eq(b_end),
+            x_push.eq(pay.push), x_addr.eq(b_addr), x_out.eq(b_out), x_psum.eq(b_psum),
+            x_aux.eq(pay.aux), x_zy.eq(pay.zy), x_lo.eq(pay.lo), x_hi.eq(pay.hi),
+        ]
         c_valid = Signal(); c_first = Signal(); c_last = Signal(); c_end = Signal(); c_push = Signal()
         c_addr = Signal(16); c_out = Signal(16)
         c_psum = Signal(acc_row); c_old = Signal(acc_row)
         c_aux = Signal(aux_layout(cfg))
         c_zy = Signal(8); c_lo = Signal(8); c_hi = Signal(8)
         m.d.sync += [
-            c_valid.eq(b_valid), c_first.eq(b_first), c_last.eq(b_last), c_end.eq(b_end),
-            c_push.eq(b_push), c_addr.eq(b_addr), c_out.eq(b_out), c_psum.eq(b_psum),
-            c_old.eq(acc_rp.data), c_aux.eq(b_aux), c_zy.eq(b_zy), c_lo.eq(b_lo), c_hi.eq(b_hi),
+            c_valid.eq(x_valid), c_first.eq(x_first), c_last.eq(x_last), c_end.eq(x_end),
+            c_push.eq(x_push), c_addr.eq(x_addr), c_out.eq(x_out), c_psum.eq(x_psum),
+            c_old.eq(accmem.r_data), c_aux.eq(x_aux), c_zy.eq(x_zy), c_lo.eq(x_lo), c_hi.eq(x_hi),
         ]
         d_valid = Signal(); d_we = Signal(); d_rq = Signal(); d_side = Signal(19)
         d_addr = Signal(16); d_sum = Signal(acc_row)
         d_aux = Signal(aux_layout(cfg))
         d_zy = Signal(8); d_lo = Signal(8); d_hi = Signal(8)
-        assert min_tile_rows(R, C) >= 4, "the accumulator pipeline relies on it"
+        assert min_tile_rows(R, C) >= 5, "the accumulator pipeline relies on it"
         old = c_old
         s = Signal(acc_row)
         for c in range(C):
@@ -363,7 +432,7 @@ class ComputeEngine(wiring.Component):
             d_side.eq(Cat(c_out, c_last, c_end, c_push)), d_addr.eq(c_addr), d_sum.eq(s),
             d_aux.eq(c_aux), d_zy.eq(c_zy), d_lo.eq(c_lo), d_hi.eq(c_hi),
         ]
-        m.d.comb += [acc_wp.addr.eq(d_addr), acc_wp.data.eq(d_sum), acc_wp.en.eq(d_valid & d_we)]
+        m.d.comb += [accmem.w_addr.eq(d_addr), accmem.w_data.eq(d_sum), accmem.w_en.eq(d_valid & d_we)]
 
         m.submodules.rq = rq = Requantizer(C, cfg.acc_bits, cfg.input_bits, side_bits=19)
         m.d.comb += [
@@ -385,9 +454,11 @@ class ComputeEngine(wiring.Component):
         ]
 
         # -------------------------------------------------------------------- idle
-        pipe = Signal(RQ_LATENCY + 4)
+        pipe = Signal(RQ_LATENCY + 5)
         m.d.sync += pipe.eq(Cat(b_valid, pipe[:-1]))
         m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.r_rdy & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
-                                 & ~afifo.r_rdy & ~wfifo.r_rdy & ~a_inflight & ~w_inflight
+                                 & ~pay_q.fifo.r_rdy
+                                 & ~started & ~w_valid & ~bj_valid
+                                 & ~afifo.r_rdy & ~wfifo.r_rdy & ~a_rd1 & ~a_rd2 & ~w_rd1 & ~w_rd2
                                  & ~array.busy & ~b_valid & (pipe == 0) & (a_ahead == 0) & (w_ahead == 0))
         return m

@@ -4,7 +4,58 @@ from amaranth.hdl import Signal, Module, Const, Instance, ClockSignal, ResetSign
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["ProcessingElement"]
+__all__ = ["ProcessingElement", "registered_mul", "MUL_LATENCY"]
+
+#: Cycles from the operands of :func:`registered_mul` to its product.
+MUL_LATENCY = 2
+
+
+def registered_mul(m, platform, a, b, name):
+    """``a * b`` (signed or unsigned Values of at most 18 bits with their sign bit) with
+    the operands and the product registered: the product appears ``MUL_LATENCY`` = 2 cycles
+    after the operands (no enable, no reset: the registers just follow the operands).
+
+    On ECP5 (``platform.dnnfab_mult == "ecp5"``) this is one ``MULT18X18D`` with its A/B
+    input registers and its output register in use, so neither the route into nor out of
+    the DSP column shares a cycle with the multiplier (a combinational ``MULT18X18D`` costs
+    about 4 ns plus both routes). Elsewhere it is the same pipeline in plain logic.
+    Returns a ``signed(36)`` Signal.
+    """
+    a = a.as_signed() if a.shape().signed else a.as_unsigned()
+    b = b.as_signed() if b.shape().signed else b.as_unsigned()
+    assert len(a) + (0 if a.shape().signed else 1) <= 18, a
+    assert len(b) + (0 if b.shape().signed else 1) <= 18, b
+    p = Signal(signed(36), name=f"{name}_p")
+    if getattr(platform, "dnnfab_mult", None) == "ecp5":
+        a_ext = Signal(signed(18), name=f"{name}_a")
+        b_ext = Signal(signed(18), name=f"{name}_b")
+        m.d.comb += [a_ext.eq(a), b_ext.eq(b)]
+        ports = {}
+        for i in range(18):
+            ports[f"i_A{i}"] = a_ext[i]
+            ports[f"i_B{i}"] = b_ext[i]
+            ports[f"i_C{i}"] = Const(0)
+        for i in range(36):
+            ports[f"o_P{i}"] = p[i]
+        m.submodules[f"{name}_mult"] = Instance(
+            "MULT18X18D",
+            p_REG_INPUTA_CLK="CLK0", p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
+            p_REG_INPUTB_CLK="CLK0", p_REG_INPUTB_CE="CE0", p_REG_INPUTB_RST="RST0",
+            p_REG_INPUTC_CLK="NONE", p_REG_PIPELINE_CLK="NONE", p_REG_OUTPUT_CLK="CLK0",
+            p_REG_OUTPUT_CE="CE0", p_REG_OUTPUT_RST="RST0",
+            p_CLK0_DIV="ENABLED", p_CLK1_DIV="ENABLED", p_CLK2_DIV="ENABLED", p_CLK3_DIV="ENABLED",
+            p_HIGHSPEED_CLK="NONE", p_GSR="DISABLED", p_CAS_MATCH_REG="FALSE",
+            p_SOURCEB_MODE="B_SHIFT", p_MULT_BYPASS="DISABLED", p_RESETMODE="SYNC",
+            i_SIGNEDA=Const(1), i_SIGNEDB=Const(1), i_SOURCEA=Const(0), i_SOURCEB=Const(0),
+            i_CLK0=ClockSignal(), i_CLK1=Const(0), i_CLK2=Const(0), i_CLK3=Const(0),
+            i_CE0=Const(1), i_CE1=Const(0), i_CE2=Const(0), i_CE3=Const(0),
+            i_RST0=Const(0), i_RST1=Const(0), i_RST2=Const(0), i_RST3=Const(0),
+            **ports)
+    else:
+        a_q = Signal(signed(18), name=f"{name}_aq")
+        b_q = Signal(signed(18), name=f"{name}_bq")
+        m.d.sync += [a_q.eq(a), b_q.eq(b), p.eq(a_q * b_q)]
+    return p
 
 
 class ProcessingElement(wiring.Component):

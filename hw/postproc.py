@@ -13,17 +13,22 @@ n >= 47 the rounded quotient is 0 (x + 2^(n-1) lies in [0, 2^n)); for n <= 46 th
 x + 2^(n-1) fits in 48 bits plus sign.
 
 Fixed latency :data:`LATENCY` cycles, no backpressure. Pipelined for Fmax: two 16-bit
-partial products (one DSP each), product sum, rounding add, a two-step barrel shift,
-saturation to 11 bits (exact, since the clamp to int8 follows), zero point and clamp.
+partial products (one DSP each, with its input and output registers), product sum and the
+rounding constant 2^(n-1) decoded alongside, rounding add, a two-step barrel shift,
+saturation to 11 bits (exact, since the clamp to int8 follows), the zero-point add and the
+clamp decisions side by side (comparing against ``lo - zy`` and ``hi - zy``, prepared early),
+then the clamp itself.
 """
 
 from amaranth.hdl import Signal, Module, Const, Cat, signed, unsigned, Mux
 from amaranth.lib import wiring, data
 from amaranth.lib.wiring import In, Out
 
+from .pe import registered_mul, MUL_LATENCY
+
 __all__ = ["Requantizer", "LATENCY", "requantize_ref"]
 
-LATENCY = 7
+LATENCY = 9
 
 
 def requantize_ref(acc, m, n, zy, lo, hi):
@@ -68,70 +73,84 @@ class Requantizer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         A = self.acc_bits
-        assert A > 16
+        assert 16 < A <= 34
         pw = A + 17                       # product width (signed acc x unsigned 16)
         big = A + 15                      # n at or above this gives 0 (see module doc)
         L = LATENCY
+        assert MUL_LATENCY == 2
 
-        # side-band, valid and per-instruction scalars travel along the stages
+        # side-band and valid travel along the stages; stage k holds what is k cycles old
         v = [Signal(name=f"v{i}") for i in range(L)]
         side = [Signal(self.side_bits, name=f"side{i}") for i in range(L)]
-        zy = [Signal(signed(self.out_bits), name=f"zy{i}") for i in range(L - 1)]
-        lo = [Signal(signed(self.out_bits), name=f"lo{i}") for i in range(L - 1)]
-        hi = [Signal(signed(self.out_bits), name=f"hi{i}") for i in range(L - 1)]
-        m.d.sync += [v[0].eq(self.i_valid), side[0].eq(self.i_side),
-                     zy[0].eq(self.i_zy), lo[0].eq(self.i_lo), hi[0].eq(self.i_hi)]
+        m.d.sync += [v[0].eq(self.i_valid), side[0].eq(self.i_side)]
         for i in range(1, L):
             m.d.sync += [v[i].eq(v[i - 1]), side[i].eq(side[i - 1])]
-        for i in range(1, L - 1):
-            m.d.sync += [zy[i].eq(zy[i - 1]), lo[i].eq(lo[i - 1]), hi[i].eq(hi[i - 1])]
         m.d.comb += [self.o_valid.eq(v[-1]), self.o_side.eq(side[-1])]
+        # per-instruction scalars: zy, and the clamp bounds relative to it
+        ob = self.out_bits
+        zy = [Signal(signed(ob), name=f"zy{i}") for i in range(L - 1)]
+        loz = [Signal(signed(ob + 1), name=f"loz{i}") for i in range(L - 1)]
+        hiz = [Signal(signed(ob + 1), name=f"hiz{i}") for i in range(L - 1)]
+        lo = [Signal(signed(ob), name=f"lo{i}") for i in range(L - 1)]
+        hi = [Signal(signed(ob), name=f"hi{i}") for i in range(L - 1)]
+        m.d.sync += [zy[0].eq(self.i_zy), lo[0].eq(self.i_lo), hi[0].eq(self.i_hi),
+                     loz[0].eq(self.i_lo - self.i_zy), hiz[0].eq(self.i_hi - self.i_zy)]
+        for i in range(1, L - 1):
+            m.d.sync += [zy[i].eq(zy[i - 1]), lo[i].eq(lo[i - 1]), hi[i].eq(hi[i - 1]),
+                         loz[i].eq(loz[i - 1]), hiz[i].eq(hiz[i - 1])]
 
-        sat_bits = self.out_bits + 3      # |shifted| is saturated to this many bits
+        sat_bits = ob + 3                 # |shifted| is saturated to this many bits
         for lane in range(self.lanes):
             acc = self.i_acc[lane]
-            # 1: two 16-bit partial products (one DSP each, registered)
-            p_lo = Signal(unsigned(32), name=f"p_lo{lane}")
-            p_hi = Signal(signed(A - 16 + 17), name=f"p_hi{lane}")
+            mm = self.i_m[lane].as_unsigned()
+            # 1, 2: two 16-bit partial products (DSP input and output registers)
+            p_lo = registered_mul(m, platform, acc.as_unsigned()[:16], mm, f"rq_lo{lane}")
+            p_hi = registered_mul(m, platform, acc[16:].as_signed(), mm, f"rq_hi{lane}")
             n1 = Signal(6, name=f"n1_{lane}")
-            m.d.sync += [p_lo.eq(acc.as_unsigned()[:16] * self.i_m[lane].as_unsigned()),
-                         p_hi.eq(acc[16:].as_signed() * self.i_m[lane].as_unsigned()),
-                         n1.eq(self.i_n[lane])]
-            # 2: the full product
-            prod = Signal(signed(pw), name=f"prod{lane}")
             n2 = Signal(6, name=f"n2_{lane}")
-            m.d.sync += [prod.eq((p_hi << 16) + p_lo), n2.eq(n1)]
-            # 3: add the rounding constant 2^(n-1)
-            rnd = Signal(signed(pw + 1), name=f"rnd{lane}")
+            half2 = Signal(unsigned(pw), name=f"half2_{lane}")
+            zero2 = Signal(name=f"zero2_{lane}")
+            m.d.sync += [n1.eq(self.i_n[lane]), n2.eq(n1),
+                         half2.eq(Mux(n1 == 0, 0, Const(1, pw) << (n1 - 1)[:6])),
+                         zero2.eq(n1 >= big)]
+            # 3: the full product
+            prod = Signal(signed(pw), name=f"prod{lane}")
             n3 = Signal(6, name=f"n3_{lane}")
+            half3 = Signal(unsigned(pw), name=f"half3_{lane}")
             zero3 = Signal(name=f"zero3_{lane}")
-            half = Signal(unsigned(pw), name=f"half{lane}")
-            m.d.comb += half.eq(Mux(n2 == 0, 0, Const(1, pw) << (n2 - 1)[:6]))
-            m.d.sync += [rnd.eq(prod + half), n3.eq(n2), zero3.eq(n2 >= big)]
-            # 4, 5: arithmetic shift right by n, in two steps (8s, then 1s)
-            sh4 = Signal(signed(pw + 1), name=f"sh4_{lane}")
-            n4 = Signal(3, name=f"n4_{lane}")
-            m.d.sync += [sh4.eq(Mux(zero3, 0, rnd >> Cat(Const(0, 3), n3[3:]))), n4.eq(n3[:3])]
+            m.d.sync += [prod.eq((p_hi[:A - 16 + 17].as_signed() << 16) + p_lo[:32].as_unsigned()),
+                         n3.eq(n2), half3.eq(half2), zero3.eq(zero2)]
+            # 4: add the rounding constant 2^(n-1)
+            rnd = Signal(signed(pw + 1), name=f"rnd{lane}")
+            n4 = Signal(6, name=f"n4_{lane}")
+            zero4 = Signal(name=f"zero4_{lane}")
+            m.d.sync += [rnd.eq(prod + half3), n4.eq(n3), zero4.eq(zero3)]
+            # 5, 6: arithmetic shift right by n, in two steps (8s, then 1s)
             sh5 = Signal(signed(pw + 1), name=f"sh5_{lane}")
-            m.d.sync += sh5.eq(sh4 >> n4)
-            # 6: saturate to a few bits more than the output (exact: the clamp follows)
-            top = sh5[sat_bits - 1:]
+            n5 = Signal(3, name=f"n5_{lane}")
+            m.d.sync += [sh5.eq(Mux(zero4, 0, rnd >> Cat(Const(0, 3), n4[3:]))), n5.eq(n4[:3])]
+            sh6 = Signal(signed(pw + 1), name=f"sh6_{lane}")
+            m.d.sync += sh6.eq(sh5 >> n5)
+            # 7: saturate to a few bits more than the output (exact: the clamp follows)
+            top = sh6[sat_bits - 1:]
             sat = Signal(signed(sat_bits), name=f"sat{lane}")
             lim = (1 << (sat_bits - 1)) - 1
             with m.If((top == 0) | (top == (1 << len(top)) - 1)):
-                m.d.sync += sat.eq(sh5)
-            with m.Elif(sh5 < 0):
+                m.d.sync += sat.eq(sh6)
+            with m.Elif(sh6 < 0):
                 m.d.sync += sat.eq(-lim - 1)
             with m.Else():
                 m.d.sync += sat.eq(lim)
-            # 7: zero point and clamp
-            yz = Signal(signed(sat_bits + 1), name=f"yz{lane}")
-            m.d.comb += yz.eq(sat + zy[-1])
-            y = Signal(signed(self.out_bits), name=f"y{lane}")
-            with m.If(yz < lo[-1]):
-                m.d.sync += y.eq(lo[-1])
-            with m.Elif(yz > hi[-1]):
-                m.d.sync += y.eq(hi[-1])
+            # 8: zero point added and the clamp decided side by side (sat compared against
+            # lo - zy and hi - zy), 9: the clamp
+            lt = Signal(name=f"lt{lane}"); gt = Signal(name=f"gt{lane}")
+            yz = Signal(signed(ob), name=f"yz{lane}")
+            m.d.sync += [lt.eq(sat < loz[L - 3]), gt.eq(sat > hiz[L - 3]), yz.eq(sat + zy[L - 3])]
+            y = Signal(signed(ob), name=f"y{lane}")
+            with m.If(lt):
+                m.d.sync += y.eq(lo[L - 2])
+            with m.Elif(gt):
+                m.d.sync += y.eq(hi[L - 2])
             with m.Else():
                 m.d.sync += y.eq(yz)
             m.d.comb += self.o_y[lane].eq(y)

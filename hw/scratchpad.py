@@ -15,12 +15,12 @@ Ping-pong (double) buffering is done by the compiler: it places consecutive tile
 two halves and orders them with dependency tokens.
 """
 
-from amaranth.hdl import Signal, Module, unsigned
+from amaranth.hdl import Signal, Module, Const, Instance, ClockSignal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 
-__all__ = ["Scratchpad"]
+__all__ = ["Scratchpad", "RegisteredRAM", "RAM_READ_LATENCY"]
 
 
 def _log2(x):
@@ -104,4 +104,88 @@ class Scratchpad(wiring.Component):
                 m.d.sync += lane_q.eq(self.r_addr[:sh])
             m.d.comb += [rp.addr.eq(self.r_addr >> sh), rp.en.eq(self.r_en & r_ok),
                          self.r_data.eq(rp.data.word_select(lane_q, self.r_unit))]
+        return m
+
+
+#: Read latency of :class:`RegisteredRAM`: address (with ``r_en``) -> ``r_data``.
+RAM_READ_LATENCY = 2
+
+
+class RegisteredRAM(wiring.Component):
+    """Simple dual-port RAM whose read data is registered once more after the array.
+
+    ``r_data`` shows the word at ``r_addr`` ``RAM_READ_LATENCY`` = 2 cycles after ``r_en``
+    (a write in the same cycle as the read is not seen). On ECP5 (``platform.dnnfab_mult ==
+    "ecp5"``, see :class:`dnnfab.hw.generate.SynthHints`) it is built from ``DP16KD`` blocks
+    with the output register of the read port in use (``REGMODE_B = "OUTREG"``): yosys maps
+    inferred memories without it, and the block RAM's clock-to-out without the register
+    (about 5.8 ns on a -6 part) then leaves barely any of the cycle for routing. Elsewhere
+    it is a :class:`Memory` followed by a register.
+
+    Members
+    -------
+    w_en, w_addr, w_data : ``In``
+    r_en, r_addr : ``In``
+    r_data : ``Out(width)``
+    """
+
+    def __init__(self, width, depth):
+        self.width, self.depth = width, depth
+        self.abits = max(1, (depth - 1).bit_length())
+        super().__init__({
+            "w_en": In(1), "w_addr": In(self.abits), "w_data": In(width),
+            "r_en": In(1), "r_addr": In(self.abits), "r_data": Out(width),
+        })
+
+    #: DP16KD data width -> address bits (16 Kib per block)
+    _DP16KD = {18: 10, 9: 11, 4: 12, 2: 13, 1: 14}
+
+    def elaborate(self, platform):
+        m = Module()
+        if getattr(platform, "dnnfab_mult", None) == "ecp5" and self.depth <= 1 << 14:
+            dw = next(w for w, ab in self._DP16KD.items() if self.depth <= 1 << ab)
+            ab = self._DP16KD[dw]
+            lo = 14 - ab                              # ADx[lo-1:0] are not address bits
+            nblk = -(-self.width // dw)
+            wdata = Signal(nblk * dw)
+            rdata = Signal(nblk * dw)
+            m.d.comb += [wdata.eq(self.w_data), self.r_data.eq(rdata[:self.width])]
+            for b in range(nblk):
+                ports = {}
+                for i in range(14):
+                    if i >= lo:
+                        ports[f"i_ADA{i}"] = self.w_addr[i - lo] if i - lo < self.abits else Const(0)
+                        ports[f"i_ADB{i}"] = self.r_addr[i - lo] if i - lo < self.abits else Const(0)
+                    else:
+                        # x18: ADA[1:0] are the byte enables of the write port
+                        ports[f"i_ADA{i}"] = Const(1 if dw == 18 and i < 2 else 0)
+                        ports[f"i_ADB{i}"] = Const(0)
+                # (unused data pins stay unconnected, as in yosys' own mapping: tying them
+                # to constants loads the router with hundreds of constant sinks)
+                for i in range(dw):
+                    ports[f"i_DIA{i}"] = wdata[b * dw + i]
+                    ports[f"o_DOB{i}"] = rdata[b * dw + i]
+                for i in range(3):
+                    ports[f"i_CSA{i}"] = Const(0)
+                    ports[f"i_CSB{i}"] = Const(0)
+                m.submodules[f"bram{b}"] = Instance(
+                    "DP16KD",
+                    p_DATA_WIDTH_A=dw, p_DATA_WIDTH_B=dw,
+                    p_REGMODE_A="NOREG", p_REGMODE_B="OUTREG",
+                    p_RESETMODE="SYNC", p_ASYNC_RESET_RELEASE="SYNC",
+                    p_CSDECODE_A="0b000", p_CSDECODE_B="0b000",
+                    p_WRITEMODE_A="NORMAL", p_WRITEMODE_B="NORMAL", p_GSR="DISABLED",
+                    i_CLKA=ClockSignal(), i_CEA=Const(1), i_OCEA=Const(1), i_WEA=self.w_en,
+                    i_RSTA=Const(0),
+                    i_CLKB=ClockSignal(), i_CEB=self.r_en, i_OCEB=Const(1), i_WEB=Const(0),
+                    i_RSTB=Const(0),
+                    **ports)
+        else:
+            mem = Memory(shape=unsigned(self.width), depth=self.depth, init=[])
+            m.submodules.mem = mem
+            wp = mem.write_port()
+            rp = mem.read_port()
+            m.d.comb += [wp.addr.eq(self.w_addr), wp.data.eq(self.w_data), wp.en.eq(self.w_en),
+                         rp.addr.eq(self.r_addr), rp.en.eq(self.r_en)]
+            m.d.sync += self.r_data.eq(rp.data)
         return m

@@ -24,7 +24,7 @@ Backpressure: ``out.ready`` low with ``out.valid`` high freezes the whole pipeli
 global enable); ``act.ready`` drops while frozen.
 """
 
-from amaranth.hdl import Signal, Module, Const, signed, unsigned
+from amaranth.hdl import Signal, Module, Const, Mux, signed, unsigned
 from amaranth.lib import wiring, stream, data
 from amaranth.lib.wiring import In, Out
 
@@ -131,9 +131,20 @@ class SystolicArray(wiring.Component):
         drain = Signal(range(R + C + 1))      # cycles until every PE copied the shadow
         wrow = Signal(range(R))
         inject = Signal()                     # a `first` beat enters this cycle
-        m.d.comb += self.wgt.ready.eq(~shadow_full & (drain == 0))
+        # wgt.ready = ~shadow_full & (drain == 0), kept in a register of its own (computed
+        # from the next values of both) so that the shadow write enables start at a flip-flop
+        w_ready = Signal(init=1)
+        sf_next = Signal()
+        drain_zero_next = Signal()
+        m.d.comb += self.wgt.ready.eq(w_ready)
         with m.If(en & (drain != 0)):
             m.d.sync += drain.eq(drain - 1)
+        m.d.comb += [
+            sf_next.eq(Mux(inject, 0,
+                           shadow_full | (self.wgt.valid & w_ready & (wrow == R - 1)))),
+            drain_zero_next.eq(~inject & Mux(en & (drain != 0), drain == 1, drain == 0)),
+        ]
+        m.d.sync += w_ready.eq(~sf_next & drain_zero_next)
         with m.If(self.wgt.valid & self.wgt.ready):
             m.d.sync += wrow.eq(Const(0) if R == 1 else wrow + 1)
             with m.If(wrow == R - 1):

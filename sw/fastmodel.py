@@ -171,9 +171,9 @@ START_LATENCY = 6          # CTRL write -> first fetch request (registered fetch
 FETCH_LATENCY = 12         # AR -> instructions in the queue
 DMA_READ_LATENCY = 6       # AR -> first beat in a scratchpad (AXI RAM model)
 DMA_WRITE_LATENCY = 6      # last W beat -> B response
-DECODE_LATENCY = 7         # COMPUTE dequeued -> job in the feeders (incl. the cinsn register)
-FEED_LATENCY = 3           # feeder read -> array input
-BACKEND_LATENCY = 4 + RQ_LATENCY
+DECODE_LATENCY = 10        # COMPUTE dequeued -> job in the feeders (incl. the cinsn register)
+FEED_LATENCY = 4           # feeder read -> array input
+BACKEND_LATENCY = 5 + RQ_LATENCY
 
 
 def estimate_cycles(prog) -> CycleReport:
