@@ -111,7 +111,7 @@ class Requantizer(wiring.Component):
             half2 = Signal(unsigned(pw), name=f"half2_{lane}")
             zero2 = Signal(name=f"zero2_{lane}")
             m.d.sync += [n1.eq(self.i_n[lane]), n2.eq(n1),
-                         half2.eq(Mux(n1 == 0, 0, Const(1, pw) << (n1 - 1)[:6])),
+                         half2.eq((Const(1, pw + 1) << n1)[1:pw + 1]),  # 2^(n-1), 0 for n = 0: no subtract
                          zero2.eq(n1 >= big)]
             # 3: the full product
             prod = Signal(signed(pw), name=f"prod{lane}")
