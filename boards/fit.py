@@ -97,7 +97,7 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
     P = I + W
     e = [min(A, P) if r == 0 else min(A, P + 1) if r == 1 else A for r in range(R)]
     L = R + C + 2
-    ctrl_ff = 1 + _clog2(R + C + 1) + _clog2(R)
+    ctrl_ff = 2 + _clog2(R + C + 1) + _clog2(R)   # shadow_full, registered wgt.ready, drain, wrow
     common_ff = (I * R * (R + 1) // 2          # skew
                  + (R + C - 1)                 # merged `first` flags
                  + e[-1] * C * (C - 1) // 2    # deskew

