@@ -4,10 +4,40 @@ from amaranth.hdl import Signal, Module, Const, Instance, ClockSignal, ResetSign
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["ProcessingElement", "registered_mul", "MUL_LATENCY"]
+__all__ = ["ProcessingElement", "registered_mul", "mult18x18d", "MUL_LATENCY"]
 
 #: Cycles from the operands of :func:`registered_mul` to its product.
 MUL_LATENCY = 2
+
+
+def mult18x18d(a, b, p, *, ce_a=Const(1), ce_b=None, rst=Const(0)):
+    """An ECP5 ``MULT18X18D`` computing ``p = a * b`` (18-bit signed operands, 36-bit
+    product) with its A input, B input and output registers on ``CLK0``: A and the output
+    register load on ``ce_a``, B on ``ce_b`` (default: ``ce_a``); all three reset synchronously on ``rst``. Returns the ``Instance``."""
+    ports = {}
+    for i in range(18):
+        ports[f"i_A{i}"] = a[i]
+        ports[f"i_B{i}"] = b[i]
+        ports[f"i_C{i}"] = Const(0)
+    for i in range(36):
+        ports[f"o_P{i}"] = p[i]
+    separate_b = ce_b is not None
+    return Instance(
+        "MULT18X18D",
+        p_REG_INPUTA_CLK="CLK0", p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
+        p_REG_INPUTB_CLK="CLK0", p_REG_INPUTB_CE="CE1" if separate_b else "CE0",
+        p_REG_INPUTB_RST="RST0",
+        p_REG_INPUTC_CLK="NONE", p_REG_PIPELINE_CLK="NONE", p_REG_OUTPUT_CLK="CLK0",
+        p_REG_OUTPUT_CE="CE0", p_REG_OUTPUT_RST="RST0",
+        p_CLK0_DIV="ENABLED", p_CLK1_DIV="ENABLED", p_CLK2_DIV="ENABLED", p_CLK3_DIV="ENABLED",
+        p_HIGHSPEED_CLK="NONE", p_GSR="DISABLED", p_CAS_MATCH_REG="FALSE",
+        p_SOURCEB_MODE="B_SHIFT", p_MULT_BYPASS="DISABLED", p_RESETMODE="SYNC",
+        i_SIGNEDA=Const(1), i_SIGNEDB=Const(1), i_SOURCEA=Const(0), i_SOURCEB=Const(0),
+        i_CLK0=ClockSignal(), i_CLK1=Const(0), i_CLK2=Const(0), i_CLK3=Const(0),
+        i_CE0=ce_a, i_CE1=ce_b if separate_b else Const(0),
+        i_CE2=Const(0), i_CE3=Const(0),
+        i_RST0=rst, i_RST1=Const(0), i_RST2=Const(0), i_RST3=Const(0),
+        **ports)
 
 
 def registered_mul(m, platform, a, b, name):
@@ -30,27 +60,7 @@ def registered_mul(m, platform, a, b, name):
         a_ext = Signal(signed(18), name=f"{name}_a")
         b_ext = Signal(signed(18), name=f"{name}_b")
         m.d.comb += [a_ext.eq(a), b_ext.eq(b)]
-        ports = {}
-        for i in range(18):
-            ports[f"i_A{i}"] = a_ext[i]
-            ports[f"i_B{i}"] = b_ext[i]
-            ports[f"i_C{i}"] = Const(0)
-        for i in range(36):
-            ports[f"o_P{i}"] = p[i]
-        m.submodules[f"{name}_mult"] = Instance(
-            "MULT18X18D",
-            p_REG_INPUTA_CLK="CLK0", p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
-            p_REG_INPUTB_CLK="CLK0", p_REG_INPUTB_CE="CE0", p_REG_INPUTB_RST="RST0",
-            p_REG_INPUTC_CLK="NONE", p_REG_PIPELINE_CLK="NONE", p_REG_OUTPUT_CLK="CLK0",
-            p_REG_OUTPUT_CE="CE0", p_REG_OUTPUT_RST="RST0",
-            p_CLK0_DIV="ENABLED", p_CLK1_DIV="ENABLED", p_CLK2_DIV="ENABLED", p_CLK3_DIV="ENABLED",
-            p_HIGHSPEED_CLK="NONE", p_GSR="DISABLED", p_CAS_MATCH_REG="FALSE",
-            p_SOURCEB_MODE="B_SHIFT", p_MULT_BYPASS="DISABLED", p_RESETMODE="SYNC",
-            i_SIGNEDA=Const(1), i_SIGNEDB=Const(1), i_SOURCEA=Const(0), i_SOURCEB=Const(0),
-            i_CLK0=ClockSignal(), i_CLK1=Const(0), i_CLK2=Const(0), i_CLK3=Const(0),
-            i_CE0=Const(1), i_CE1=Const(0), i_CE2=Const(0), i_CE3=Const(0),
-            i_RST0=Const(0), i_RST1=Const(0), i_RST2=Const(0), i_RST3=Const(0),
-            **ports)
+        m.submodules[f"{name}_mult"] = mult18x18d(a_ext, b_ext, p)
     else:
         a_q = Signal(signed(18), name=f"{name}_aq")
         b_q = Signal(signed(18), name=f"{name}_bq")
@@ -157,27 +167,9 @@ class ProcessingElement(wiring.Component):
         m.d.comb += [a_ext.eq(self.a_in.as_signed()), b_ext.eq(w_shadow.as_signed())]
         with m.If(self.w_we):
             m.d.sync += w_shadow.eq(self.w_in)
-        ports = {}
-        for i in range(18):
-            ports[f"i_A{i}"] = a_ext[i]
-            ports[f"i_B{i}"] = b_ext[i]
-            ports[f"i_C{i}"] = Const(0)
-        for i in range(36):
-            ports[f"o_P{i}"] = P[i]
-        m.submodules.mult = Instance(
-            "MULT18X18D",
-            p_REG_INPUTA_CLK="CLK0", p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
-            p_REG_INPUTB_CLK="CLK0", p_REG_INPUTB_CE="CE1", p_REG_INPUTB_RST="RST0",
-            p_REG_INPUTC_CLK="NONE", p_REG_PIPELINE_CLK="NONE", p_REG_OUTPUT_CLK="CLK0",
-            p_REG_OUTPUT_CE="CE0", p_REG_OUTPUT_RST="RST0",
-            p_CLK0_DIV="ENABLED", p_CLK1_DIV="ENABLED", p_CLK2_DIV="ENABLED", p_CLK3_DIV="ENABLED",
-            p_HIGHSPEED_CLK="NONE", p_GSR="DISABLED", p_CAS_MATCH_REG="FALSE",
-            p_SOURCEB_MODE="B_SHIFT", p_MULT_BYPASS="DISABLED", p_RESETMODE="SYNC",
-            i_SIGNEDA=Const(1), i_SIGNEDB=Const(1), i_SOURCEA=Const(0), i_SOURCEB=Const(0),
-            i_CLK0=ClockSignal(), i_CLK1=Const(0), i_CLK2=Const(0), i_CLK3=Const(0),
-            i_CE0=self.en, i_CE1=self.en & self.f_in, i_CE2=Const(0), i_CE3=Const(0),
-            i_RST0=ResetSignal(), i_RST1=Const(0), i_RST2=Const(0), i_RST3=Const(0),
-            **ports)
+        # A register = a_out (on en), B register = w_active (on en & f_in), output = prod
+        m.submodules.mult = mult18x18d(a_ext, b_ext, P, ce_a=self.en, ce_b=self.en & self.f_in,
+                                       rst=ResetSignal())
         m.d.comb += prod.eq(P[:len(prod)])
         with m.If(self.en):
             m.d.sync += [

@@ -293,30 +293,35 @@ def _lut1(x, table):
 
 
 # ====================================================================== int GEMM
+def _ort_session(nodes, inputs, outputs, inits, threads=None):
+    """An onnxruntime CPU session of a small opset-13 graph, with ``threads`` intra-op
+    threads (default: the reference's) that sleep rather than spin when idle: the plan
+    holds one session per layer, and dozens of spinning pools starve the Python thread
+    between calls."""
+    import onnxruntime as ort
+    from onnx import helper
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = min(model.ir_version, 9)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads or _threads()
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
 class _OrtMatMulInteger:
     """Cached onnxruntime session computing uint8 [M, K] x int8 [K, N] -> int32."""
 
     def __init__(self, w_kn, threads=None):
-        import onnx
-        import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
         k, n = w_kn.shape
-        g = helper.make_graph(
-            [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "mmi",
+        self.sess = _ort_session(
+            [helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
             [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", k])],
             [helper.make_tensor_value_info("y", TensorProto.INT32, ["M", n])],
-            [numpy_helper.from_array(np.ascontiguousarray(w_kn), "w")])
-        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-        model.ir_version = min(model.ir_version, 9)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads or _threads()
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        # one small session per layer: idle pool threads must sleep, not spin, or dozens of
-        # spinning pools starve the Python thread between calls
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.sess = ort.InferenceSession(model.SerializeToString(), so,
-                                         providers=["CPUExecutionProvider"])
+            [numpy_helper.from_array(np.ascontiguousarray(w_kn), "w")], threads)
 
     def __call__(self, a_u8):
         return self.sess.run(None, {"a": a_u8})[0]
@@ -330,7 +335,6 @@ class _OrtGroupedMatMulInteger:
     37 us (M=196, g=4, K=N=68) and 17 vs 35 us (M=49, K=N=136), single-threaded."""
 
     def __init__(self, ws, threads=1):
-        import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
         g = len(ws)
         k = ws[0].shape[0]
@@ -340,18 +344,9 @@ class _OrtGroupedMatMulInteger:
             inits.append(numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.int8), f"w{i}"))
             nodes.append(helper.make_node("MatMulInteger", [f"a{i}", f"w{i}"], [f"y{i}"]))
         nodes.append(helper.make_node("Concat", [f"y{i}" for i in range(g)], ["y"], axis=1))
-        graph = helper.make_graph(
-            nodes, "gmmi", [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", g * k])],
-            [helper.make_tensor_value_info("y", TensorProto.INT32, None)], inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-        model.ir_version = min(model.ir_version, 9)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.sess = ort.InferenceSession(model.SerializeToString(), so,
-                                         providers=["CPUExecutionProvider"])
+        self.sess = _ort_session(
+            nodes, [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", g * k])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, None)], inits, threads)
 
     def __call__(self, a_u8):
         return self.sess.run(None, {"a": a_u8})[0]
@@ -858,7 +853,6 @@ class _OrtFloatConv:
     caller), so float32 holds each one exactly whatever the summation order or FMA use."""
 
     def __init__(self, L, shape_cl, channel_first=False, pool=None):
-        import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
         n_, h, w, c = shape_cl
         cout, _, kh, kw = L.qweight.shape
@@ -889,18 +883,9 @@ class _OrtFloatConv:
                 pads=[pt, pl, pb + eb, pr + er]))
         nodes.append(helper.make_node("Transpose", ["ym" if pool is not None else "yc"], ["y"],
                                       perm=[0, 2, 3, 1]))
-        g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info(
-            "x", TensorProto.INT8, shape_in)],
+        self.sess = _ort_session(
+            nodes, [helper.make_tensor_value_info("x", TensorProto.INT8, shape_in)],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-        model.ir_version = min(model.ir_version, 9)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = _threads()
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.sess = ort.InferenceSession(model.SerializeToString(), so,
-                                         providers=["CPUExecutionProvider"])
 
     def __call__(self, x):
         return self.sess.run(None, {"x": x})[0]
