@@ -8,12 +8,12 @@ so a cocotb bench measures exact cycle counts without sampling every cycle from 
 
 from amaranth.hdl import Module, Cat
 from amaranth.lib import wiring, stream
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..hw.axi import axi4_signature
 from ..hw.config import AcceleratorConfig
 from ..hw.dma import DMA, desc_layout
+from ..hw.scratchpad import RegisteredRAM
 
 __all__ = ["DMAHarness"]
 
@@ -92,16 +92,15 @@ class DMAHarness(wiring.Component):
         ]
 
         abits = (self.sp_depth - 1).bit_length()
-        sp = m.submodules.sp = Memory(shape=cfg.bus_bits, depth=4 * self.sp_depth, init=[])
-        wp = sp.write_port()
-        rp = sp.read_port()
+        # the scratchpads' RAM (read data two cycles after the enable, as in the accelerator)
+        sp = m.submodules.sp = RegisteredRAM(cfg.bus_bits, 4 * self.sp_depth)
         m.d.comb += [
-            wp.en.eq(dma.sp_we),
-            wp.addr.eq(Cat(dma.sp_waddr[:abits], dma.sp_wtarget)),
-            wp.data.eq(dma.sp_wdata),
-            rp.en.eq(dma.sp_re),
-            rp.addr.eq(Cat(dma.sp_raddr[:abits], dma.sp_rsrc)),
-            dma.sp_rdata.eq(rp.data),
+            sp.w_en.eq(dma.sp_we),
+            sp.w_addr.eq(Cat(dma.sp_waddr[:abits], dma.sp_wtarget)),
+            sp.w_data.eq(dma.sp_wdata),
+            sp.r_en.eq(dma.sp_re),
+            sp.r_addr.eq(Cat(dma.sp_raddr[:abits], dma.sp_rsrc)),
+            dma.sp_rdata.eq(sp.r_data),
         ]
 
         m.d.sync += self.cycle.eq(self.cycle + 1)

@@ -68,7 +68,8 @@ class ComputeEngine(wiring.Component):
     insn : ``In(stream.Signature(compute_insn_layout()))``
         Instructions whose dependency tokens have already been taken.
     act_rd_en, act_rd_addr : ``Out`` / act_rd_data : ``In(R*input_bits)``
-        Activation scratchpad read port (element units, 1-cycle latency).
+        Activation scratchpad read port (element units, data ``RAM_READ_LATENCY`` = 2
+        cycles after the enable; so are the other two read ports).
     wgt_rd_en, wgt_rd_addr : ``Out`` / wgt_rd_data : ``In(C*weight_bits)``
         Weight scratchpad read port.
     aux_rd_en, aux_rd_addr : ``Out`` / aux_rd_data : ``In(C*64)``
@@ -137,8 +138,8 @@ class ComputeEngine(wiring.Component):
         # ------------------------------------------------------------------ decode
         # One state per step; every multiply is a registered_mul (operands and product
         # registered, MUL_LATENCY cycles), the products of step 1 feed those of step 2.
-        #   0 accept   1 aux read, step-1 operands   2 aux data   3 step-1 products, step-2
-        #   operands   4 (wait)   5 step-2 products: last adds   6 push
+        #   0 accept   1 aux read, step-1 operands   2 (aux block RAM)   3 aux data, step-1
+        #   products, step-2 operands   4 (wait)   5 step-2 products: last adds   6 push
         assert MUL_LATENCY == 2
         insn = Signal(compute_insn_layout())
         dstate = Signal(range(7))
@@ -158,7 +159,7 @@ class ComputeEngine(wiring.Component):
             m.d.sync += dstate.eq(dstate + 1)
         m.d.comb += [self.aux_rd_en.eq(dstate == 1), self.aux_rd_addr.eq(insn.aux_addr)]
         aux_q = Signal(aux_layout(cfg))
-        with m.If(dstate == 2):
+        with m.If(dstate == 1 + RAM_READ_LATENCY):
             m.d.sync += aux_q.eq(self.aux_rd_data)
         # addresses only matter modulo 2^16 (act_rd_addr is 16 bits), so 16-bit factors do
         mul = lambda a, b, name: registered_mul(m, platform, a, b, name)
@@ -215,7 +216,7 @@ class ComputeEngine(wiring.Component):
         # ---------------------------------------------------------- weight feeder
         # The current job sits in local registers (loaded from the queue as the previous
         # one issues its last row, so jobs follow each other without a bubble). Scratchpad
-        # data is registered once before the FIFO; issue is credit-based (w_cnt counts rows
+        # data (RAM_READ_LATENCY cycles) is registered once more before the FIFO; issue is credit-based (w_cnt counts rows
         # issued and not yet taken out of the FIFO).
         WD = 6
         wfifo = SyncFIFO(width=C * cfg.weight_bits, depth=WD)
@@ -224,7 +225,7 @@ class ComputeEngine(wiring.Component):
         w_valid = Signal(); w_addr = Signal(16); w_left = Signal(signed(25))
         w_cnt = Signal(range(WD + 1)); w_cred = Signal()
         w_issue = Signal(); w_job_done = Signal(); w_load = Signal()
-        w_rd1 = Signal(); w_rd2 = Signal(); w_data2 = Signal(C * cfg.weight_bits)
+        w_rd1 = Signal(); w_rdx = Signal(); w_rd2 = Signal(); w_data2 = Signal(C * cfg.weight_bits)
         m.d.comb += [
             w_issue.eq(w_valid & w_cred),
             w_job_done.eq(w_issue & w_left[-1]),
@@ -242,7 +243,7 @@ class ComputeEngine(wiring.Component):
         m.d.comb += w_pop.eq(wfifo.r_rdy & wfifo.r_en)
         w_cnt_next = w_cnt + w_issue - w_pop
         m.d.sync += [w_cnt.eq(w_cnt_next), w_cred.eq(w_cnt_next < WD)]
-        m.d.sync += [w_rd1.eq(w_issue), w_rd2.eq(w_rd1), w_data2.eq(self.wgt_rd_data)]
+        m.d.sync += [w_rd1.eq(w_issue), w_rdx.eq(w_rd1), w_rd2.eq(w_rdx), w_data2.eq(self.wgt_rd_data)]
         m.d.comb += [wfifo.w_en.eq(w_rd2), wfifo.w_data.eq(w_data2)]
         m.d.comb += [array.wgt.valid.eq(wfifo.r_rdy), array.wgt.payload.eq(wfifo.r_data),
                      wfifo.r_en.eq(array.wgt.ready)]
@@ -265,7 +266,9 @@ class ComputeEngine(wiring.Component):
         tile_first = Signal()
         started = Signal()
         a_cnt = Signal(range(AD + 1)); a_cred = Signal()
-        a_rd1 = Signal(); a_rd2 = Signal(); a_pad1 = Signal(); a_first1 = Signal()
+        a_rd1 = Signal(); a_rdx = Signal(); a_rd2 = Signal(); a_pad1 = Signal(); a_first1 = Signal()
+        a_padx = Signal(); a_firstx = Signal()
+        a_zx1 = Signal(8); a_zxx = Signal(8)      # (the next job may be in J by then)
         a_data2 = Signal(R * cfg.input_bits + 1)
         a_job_done = Signal()
         a_issue = Signal()
@@ -315,10 +318,14 @@ class ComputeEngine(wiring.Component):
         m.d.comb += a_pop.eq(afifo.r_rdy & afifo.r_en)
         a_cnt_next = a_cnt + a_issue - a_pop
         m.d.sync += [a_cnt.eq(a_cnt_next), a_cred.eq(a_cnt_next < AD)]
-        # read (scratchpad), then the scratchpad data registered, then the FIFO
+        # read (scratchpad block RAM, its output register), then the data (or the zero
+        # point) registered, then the FIFO
+        assert RAM_READ_LATENCY == 2
         m.d.sync += [a_rd1.eq(a_issue), a_pad1.eq(~inside), a_first1.eq(tile_first),
-                     a_rd2.eq(a_rd1),
-                     a_data2.eq(Cat(Mux(a_pad1, J.zx.replicate(R), self.act_rd_data), a_first1))]
+                     a_zx1.eq(J.zx),
+                     a_rdx.eq(a_rd1), a_padx.eq(a_pad1), a_firstx.eq(a_first1), a_zxx.eq(a_zx1),
+                     a_rd2.eq(a_rdx),
+                     a_data2.eq(Cat(Mux(a_padx, a_zxx.replicate(R), self.act_rd_data), a_firstx))]
         m.d.comb += [
             afifo.w_en.eq(a_rd2),
             afifo.w_data.eq(a_data2),
@@ -459,6 +466,6 @@ class ComputeEngine(wiring.Component):
         m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.r_rdy & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
-                                 & ~afifo.r_rdy & ~wfifo.r_rdy & ~a_rd1 & ~a_rd2 & ~w_rd1 & ~w_rd2
+                                 & ~afifo.r_rdy & ~wfifo.r_rdy & ~a_rd1 & ~a_rdx & ~a_rd2 & ~w_rd1 & ~w_rdx & ~w_rd2
                                  & ~array.busy & ~b_valid & (pipe == 0) & (a_ahead == 0) & (w_ahead == 0))
         return m

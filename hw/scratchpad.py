@@ -20,7 +20,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 
-__all__ = ["Scratchpad", "RegisteredRAM", "RAM_READ_LATENCY"]
+__all__ = ["Scratchpad", "RegisteredRAM", "RAM_READ_LATENCY", "dp16kd_blocks"]
 
 
 def _log2(x):
@@ -30,6 +30,10 @@ def _log2(x):
 
 class Scratchpad(wiring.Component):
     """Memory with a ``w_unit``-bit write port and an ``r_unit``-bit read port.
+
+    Built on :class:`RegisteredRAM` (so on ECP5 every block RAM read goes through the
+    block's output register): read data shows ``RAM_READ_LATENCY`` = 2 cycles after
+    ``r_en``.
 
     Parameters
     ----------
@@ -47,12 +51,12 @@ class Scratchpad(wiring.Component):
     r_en, r_addr : ``In``
         Read unit ``r_addr``; ...
     r_data : ``Out(r_unit)``
-        ... valid the cycle after ``r_en``. Holds its value otherwise.
+        ... valid ``RAM_READ_LATENCY`` cycles after ``r_en``. Holds its value otherwise.
     oob : ``Out(1)``
         An enabled access this cycle was out of range (and was dropped).
     """
 
-    def __init__(self, size_bytes, w_unit, r_unit, addr_bits=16, transparent=False):
+    def __init__(self, size_bytes, w_unit, r_unit, addr_bits=16):
         self.w_unit, self.r_unit = w_unit, r_unit
         self.row_bits = max(w_unit, r_unit)
         self.depth = (size_bytes * 8) // self.row_bits
@@ -60,7 +64,6 @@ class Scratchpad(wiring.Component):
         self.r_k = self.row_bits // r_unit
         self.w_units = self.depth * self.w_k
         self.r_units = self.depth * self.r_k
-        self.transparent = transparent
         super().__init__({
             "w_en": In(1), "w_addr": In(addr_bits), "w_data": In(w_unit),
             "r_en": In(1), "r_addr": In(addr_bits), "r_data": Out(r_unit),
@@ -69,9 +72,7 @@ class Scratchpad(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mem = mem = Memory(shape=unsigned(self.row_bits), depth=self.depth, init=[])
-        wp = mem.write_port(granularity=self.w_unit if self.w_k > 1 else None)
-        rp = mem.read_port(transparent_for=(wp,) if self.transparent else ())
+        m.submodules.mem = mem = RegisteredRAM(self.row_bits, self.depth, granularity=self.w_unit)
 
         w_ok = Signal()
         r_ok = Signal()
@@ -83,27 +84,29 @@ class Scratchpad(wiring.Component):
 
         # write side
         if self.w_k == 1:
-            m.d.comb += [wp.addr.eq(self.w_addr), wp.data.eq(self.w_data),
-                         wp.en.eq(self.w_en & w_ok)]
+            m.d.comb += [mem.w_addr.eq(self.w_addr), mem.w_data.eq(self.w_data),
+                         mem.w_en.eq(self.w_en & w_ok)]
         else:
             sh = _log2(self.w_k)
             lane = self.w_addr[:sh]
-            m.d.comb += [wp.addr.eq(self.w_addr >> sh),
-                         wp.data.eq(self.w_data.replicate(self.w_k))]
+            m.d.comb += [mem.w_addr.eq(self.w_addr >> sh),
+                         mem.w_data.eq(self.w_data.replicate(self.w_k))]
             for i in range(self.w_k):
-                m.d.comb += wp.en[i].eq(self.w_en & w_ok & (lane == i))
+                m.d.comb += mem.w_en[i].eq(self.w_en & w_ok & (lane == i))
 
         # read side
+        m.d.comb += [mem.r_en.eq(self.r_en & r_ok)]
         if self.r_k == 1:
-            m.d.comb += [rp.addr.eq(self.r_addr), rp.en.eq(self.r_en & r_ok),
-                         self.r_data.eq(rp.data)]
+            m.d.comb += [mem.r_addr.eq(self.r_addr), self.r_data.eq(mem.r_data)]
         else:
             sh = _log2(self.r_k)
             lane_q = Signal(sh)
+            lane_qq = Signal(sh)
             with m.If(self.r_en):
                 m.d.sync += lane_q.eq(self.r_addr[:sh])
-            m.d.comb += [rp.addr.eq(self.r_addr >> sh), rp.en.eq(self.r_en & r_ok),
-                         self.r_data.eq(rp.data.word_select(lane_q, self.r_unit))]
+            m.d.sync += lane_qq.eq(lane_q)
+            m.d.comb += [mem.r_addr.eq(self.r_addr >> sh),
+                         self.r_data.eq(mem.r_data.word_select(lane_qq, self.r_unit))]
         return m
 
 
@@ -115,77 +118,121 @@ class RegisteredRAM(wiring.Component):
     """Simple dual-port RAM whose read data is registered once more after the array.
 
     ``r_data`` shows the word at ``r_addr`` ``RAM_READ_LATENCY`` = 2 cycles after ``r_en``
-    (a write in the same cycle as the read is not seen). On ECP5 (``platform.dnnfab_mult ==
-    "ecp5"``, see :class:`dnnfab.hw.generate.SynthHints`) it is built from ``DP16KD`` blocks
-    with the output register of the read port in use (``REGMODE_B = "OUTREG"``): yosys maps
-    inferred memories without it, and the block RAM's clock-to-out without the register
-    (about 5.8 ns on a -6 part) then leaves barely any of the cycle for routing. Elsewhere
-    it is a :class:`Memory` followed by a register.
+    and holds it until the next read (a write in the same cycle as the read is not seen).
+    With ``granularity``, ``w_en`` has one bit per ``granularity``-bit lane of the word.
+
+    On ECP5 (``platform.dnnfab_mult == "ecp5"``, see :class:`dnnfab.hw.generate.SynthHints`)
+    it is built from ``DP16KD`` blocks with the output register of the read port in use
+    (``REGMODE = "OUTREG"``): yosys maps inferred memories without it, and the block RAM's
+    clock-to-out without the register (5.8 ns on a -6 part) then leaves barely any of a
+    150 MHz cycle for routing. Each lane gets the block shape that needs the fewest
+    blocks for its depth (:func:`dp16kd_blocks`): x1..x18 true dual-port modes or, for
+    <= 512 words, the 36-bit pseudo dual-port mode (write data on DIA/DIB, read data on
+    DOA/DOB, ``ADA[3:0]`` the four 9-bit byte enables), exactly as yosys' own
+    ``PDPW16KD`` mapping wires it. Elsewhere (or beyond 16 Ki words) it is a
+    :class:`Memory` followed by a register.
 
     Members
     -------
-    w_en, w_addr, w_data : ``In``
+    w_en : ``In(width // granularity)``
+    w_addr, w_data : ``In``
     r_en, r_addr : ``In``
     r_data : ``Out(width)``
     """
 
-    def __init__(self, width, depth):
-        self.width, self.depth = width, depth
+    def __init__(self, width, depth, granularity=None):
+        granularity = granularity or width
+        assert width % granularity == 0
+        self.width, self.depth, self.granularity = width, depth, granularity
+        self.lanes = width // granularity
         self.abits = max(1, (depth - 1).bit_length())
         super().__init__({
-            "w_en": In(1), "w_addr": In(self.abits), "w_data": In(width),
+            "w_en": In(self.lanes), "w_addr": In(self.abits), "w_data": In(width),
             "r_en": In(1), "r_addr": In(self.abits), "r_data": Out(width),
         })
-
-    #: DP16KD data width -> address bits (16 Kib per block)
-    _DP16KD = {18: 10, 9: 11, 4: 12, 2: 13, 1: 14}
 
     def elaborate(self, platform):
         m = Module()
         if getattr(platform, "dnnfab_mult", None) == "ecp5" and self.depth <= 1 << 14:
-            dw = next(w for w, ab in self._DP16KD.items() if self.depth <= 1 << ab)
-            ab = self._DP16KD[dw]
-            lo = 14 - ab                              # ADx[lo-1:0] are not address bits
-            nblk = -(-self.width // dw)
-            wdata = Signal(nblk * dw)
-            rdata = Signal(nblk * dw)
-            m.d.comb += [wdata.eq(self.w_data), self.r_data.eq(rdata[:self.width])]
-            for b in range(nblk):
-                ports = {}
-                for i in range(14):
-                    if i >= lo:
-                        ports[f"i_ADA{i}"] = self.w_addr[i - lo] if i - lo < self.abits else Const(0)
-                        ports[f"i_ADB{i}"] = self.r_addr[i - lo] if i - lo < self.abits else Const(0)
+            dw, nblk = dp16kd_shape(self.granularity, self.depth)
+            ab = _DP16KD_ABITS[dw]
+            lo = 14 - ab                              # AD[lo-1:0] are not address bits
+            G = self.granularity
+            for lane in range(self.lanes):
+                wdata = Signal(nblk * dw, name=f"wdata{lane}")
+                rdata = Signal(nblk * dw, name=f"rdata{lane}")
+                m.d.comb += [wdata.eq(self.w_data[lane * G:(lane + 1) * G]),
+                             self.r_data[lane * G:(lane + 1) * G].eq(rdata[:G])]
+                for b in range(nblk):
+                    ports = {}
+                    for i in range(14):
+                        if i >= lo:
+                            ports[f"i_ADA{i}"] = self.w_addr[i - lo] if i - lo < self.abits else Const(0)
+                            ports[f"i_ADB{i}"] = self.r_addr[i - lo] if i - lo < self.abits else Const(0)
+                        else:
+                            # x18: ADA[1:0], x36: ADA[3:0] are the 9-bit write byte enables
+                            be = {18: 2, 36: 4}.get(dw, 0)
+                            ports[f"i_ADA{i}"] = Const(1 if i < be else 0)
+                            ports[f"i_ADB{i}"] = Const(0)
+                    # (unused data pins stay unconnected, as in yosys' own mapping: tying
+                    # them to constants loads the router with hundreds of constant sinks)
+                    word = slice(b * dw, (b + 1) * dw)
+                    if dw == 36:
+                        for i in range(18):
+                            ports[f"i_DIA{i}"] = wdata[word][i]
+                            ports[f"i_DIB{i}"] = wdata[word][18 + i]
+                            ports[f"o_DOA{i}"] = rdata[word][i]
+                            ports[f"o_DOB{i}"] = rdata[word][18 + i]
                     else:
-                        # x18: ADA[1:0] are the byte enables of the write port
-                        ports[f"i_ADA{i}"] = Const(1 if dw == 18 and i < 2 else 0)
-                        ports[f"i_ADB{i}"] = Const(0)
-                # (unused data pins stay unconnected, as in yosys' own mapping: tying them
-                # to constants loads the router with hundreds of constant sinks)
-                for i in range(dw):
-                    ports[f"i_DIA{i}"] = wdata[b * dw + i]
-                    ports[f"o_DOB{i}"] = rdata[b * dw + i]
-                for i in range(3):
-                    ports[f"i_CSA{i}"] = Const(0)
-                    ports[f"i_CSB{i}"] = Const(0)
-                m.submodules[f"bram{b}"] = Instance(
-                    "DP16KD",
-                    p_DATA_WIDTH_A=dw, p_DATA_WIDTH_B=dw,
-                    p_REGMODE_A="NOREG", p_REGMODE_B="OUTREG",
-                    p_RESETMODE="SYNC", p_ASYNC_RESET_RELEASE="SYNC",
-                    p_CSDECODE_A="0b000", p_CSDECODE_B="0b000",
-                    p_WRITEMODE_A="NORMAL", p_WRITEMODE_B="NORMAL", p_GSR="DISABLED",
-                    i_CLKA=ClockSignal(), i_CEA=Const(1), i_OCEA=Const(1), i_WEA=self.w_en,
-                    i_RSTA=Const(0),
-                    i_CLKB=ClockSignal(), i_CEB=self.r_en, i_OCEB=Const(1), i_WEB=Const(0),
-                    i_RSTB=Const(0),
-                    **ports)
+                        for i in range(dw):
+                            ports[f"i_DIA{i}"] = wdata[word][i]
+                            ports[f"o_DOB{i}"] = rdata[word][i]
+                    for i in range(3):
+                        ports[f"i_CSA{i}"] = Const(0)
+                        ports[f"i_CSB{i}"] = Const(0)
+                    m.submodules[f"bram{lane}_{b}" if self.lanes > 1 else f"bram{b}"] = Instance(
+                        "DP16KD",
+                        p_DATA_WIDTH_A=dw, p_DATA_WIDTH_B=dw,
+                        p_REGMODE_A="OUTREG" if dw == 36 else "NOREG", p_REGMODE_B="OUTREG",
+                        p_RESETMODE="SYNC", p_ASYNC_RESET_RELEASE="SYNC",
+                        p_CSDECODE_A="0b000", p_CSDECODE_B="0b000",
+                        p_WRITEMODE_A="NORMAL", p_WRITEMODE_B="NORMAL", p_GSR="DISABLED",
+                        i_CLKA=ClockSignal(), i_CEA=Const(1), i_OCEA=Const(1), i_WEA=self.w_en[lane],
+                        i_RSTA=Const(0),
+                        i_CLKB=ClockSignal(), i_CEB=self.r_en, i_OCEB=Const(1), i_WEB=Const(0),
+                        i_RSTB=Const(0),
+                        **ports)
         else:
             mem = Memory(shape=unsigned(self.width), depth=self.depth, init=[])
             m.submodules.mem = mem
-            wp = mem.write_port()
+            wp = mem.write_port(granularity=self.granularity if self.lanes > 1 else None)
             rp = mem.read_port()
             m.d.comb += [wp.addr.eq(self.w_addr), wp.data.eq(self.w_data), wp.en.eq(self.w_en),
                          rp.addr.eq(self.r_addr), rp.en.eq(self.r_en)]
             m.d.sync += self.r_data.eq(rp.data)
         return m
+
+
+#: DP16KD data width -> address bits (16 Kib per block; x36 is the pseudo dual-port mode)
+_DP16KD_ABITS = {36: 9, 18: 10, 9: 11, 4: 12, 2: 13, 1: 14}
+
+
+def dp16kd_shape(lane_bits, depth):
+    """Block shape of a :class:`RegisteredRAM` lane on ECP5: ``(data width, blocks)``.
+
+    The width whose depth holds ``depth`` words with the fewest blocks (the widest on a
+    tie, for the fewest read-data wires)."""
+    best = None
+    for dw, ab in _DP16KD_ABITS.items():
+        if depth <= 1 << ab:
+            n = -(-lane_bits // dw)
+            if best is None or n < best[1]:
+                best = (dw, n)
+    assert best is not None, depth
+    return best
+
+
+def dp16kd_blocks(width, depth, granularity=None):
+    """DP16KD count of a :class:`RegisteredRAM` on ECP5 (the fit model uses it)."""
+    g = granularity or width
+    return (width // g) * dp16kd_shape(g, depth)[1]
