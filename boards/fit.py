@@ -39,6 +39,7 @@ import math
 from . import get_board, Board
 from ..errors import FitError, ConfigError
 from ..hw.config import AcceleratorConfig
+from ..hw.scratchpad import dp16kd_blocks
 
 __all__ = ["estimate", "check_fit", "autosize", "fit_report", "max_array", "TOLERANCE",
            "UTILISATION_LIMIT", "target_top", "memory_blocks"]
@@ -178,12 +179,20 @@ def _scratchpads(cfg: AcceleratorConfig, family):
             continue
         row = max(wu, ru)
         depth = (getattr(cfg, name) * 8192) // row
-        bram += memory_blocks(family, row, depth, wu if wu < row else None)
+        bram += _ram_blocks(family, row, depth, wu if wu < row else None)
         lut += 2 * wu + (ru * _clog2(row // ru) if ru < row else 0) + 30
         ff += 2 * wu + 16
     acc_depth = cfg.sp_depth("acc_kib")
-    bram += memory_blocks(family, cfg.cols * cfg.acc_bits, acc_depth)
+    bram += _ram_blocks(family, cfg.cols * cfg.acc_bits, acc_depth)
     return bram, lut, ff
+
+
+def _ram_blocks(family, width, depth, granularity=None):
+    """Block RAMs of one :class:`~dnnfab.hw.scratchpad.RegisteredRAM`: on ECP5 it
+    instantiates its DP16KDs itself (exact count), elsewhere yosys maps a memory."""
+    if family == "ecp5" and depth <= 1 << 14:
+        return dp16kd_blocks(width, depth, granularity)
+    return memory_blocks(family, width, depth, granularity)
 
 
 #: DMA + CSR + controller + compute-engine control and FIFOs, per family:

@@ -13,7 +13,7 @@ from amaranth.lib.wiring import In, Out
 from ..hw.axi import axi4_signature
 from ..hw.config import AcceleratorConfig
 from ..hw.dma import DMA, desc_layout
-from ..hw.scratchpad import RegisteredRAM
+from ..hw.scratchpad import Scratchpad
 
 __all__ = ["DMAHarness"]
 
@@ -92,8 +92,8 @@ class DMAHarness(wiring.Component):
         ]
 
         abits = (self.sp_depth - 1).bit_length()
-        # the scratchpads' RAM (read data two cycles after the enable, as in the accelerator)
-        sp = m.submodules.sp = RegisteredRAM(cfg.bus_bits, 4 * self.sp_depth)
+        # a scratchpad as in the accelerator (registered requests, SP_READ_LATENCY)
+        sp = m.submodules.sp = Scratchpad(4 * self.sp_depth * cfg.bus_bytes, cfg.bus_bits, cfg.bus_bits)
         m.d.comb += [
             sp.w_en.eq(dma.sp_we),
             sp.w_addr.eq(Cat(dma.sp_waddr[:abits], dma.sp_wtarget)),

@@ -38,7 +38,7 @@ from .isa import compute_insn_layout
 from .systolic import SystolicArray, min_tile_rows
 from .postproc import Requantizer, LATENCY as RQ_LATENCY
 from .pe import registered_mul, MUL_LATENCY
-from .scratchpad import RegisteredRAM, RAM_READ_LATENCY
+from .scratchpad import RegisteredRAM, RAM_READ_LATENCY, SP_READ_LATENCY
 
 __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
 
@@ -68,7 +68,7 @@ class ComputeEngine(wiring.Component):
     insn : ``In(stream.Signature(compute_insn_layout()))``
         Instructions whose dependency tokens have already been taken.
     act_rd_en, act_rd_addr : ``Out`` / act_rd_data : ``In(R*input_bits)``
-        Activation scratchpad read port (element units, data ``RAM_READ_LATENCY`` = 2
+        Activation scratchpad read port (element units, data ``SP_READ_LATENCY`` = 3
         cycles after the enable; so are the other two read ports).
     wgt_rd_en, wgt_rd_addr : ``Out`` / wgt_rd_data : ``In(C*weight_bits)``
         Weight scratchpad read port.
@@ -138,8 +138,9 @@ class ComputeEngine(wiring.Component):
         # ------------------------------------------------------------------ decode
         # One state per step; every multiply is a registered_mul (operands and product
         # registered, MUL_LATENCY cycles), the products of step 1 feed those of step 2.
-        #   0 accept   1 aux read, step-1 operands   2 (aux block RAM)   3 aux data, step-1
-        #   products, step-2 operands   4 (wait)   5 step-2 products: last adds   6 push
+        #   0 accept   1 aux read, step-1 operands   2 (aux request register)   3 (aux block
+        #   RAM), step-1 products, step-2 operands   4 aux data   5 step-2 products: last
+        #   adds   6 push
         assert MUL_LATENCY == 2
         insn = Signal(compute_insn_layout())
         dstate = Signal(range(7))
@@ -159,7 +160,8 @@ class ComputeEngine(wiring.Component):
             m.d.sync += dstate.eq(dstate + 1)
         m.d.comb += [self.aux_rd_en.eq(dstate == 1), self.aux_rd_addr.eq(insn.aux_addr)]
         aux_q = Signal(aux_layout(cfg))
-        with m.If(dstate == 1 + RAM_READ_LATENCY):
+        assert 1 + SP_READ_LATENCY < 6
+        with m.If(dstate == 1 + SP_READ_LATENCY):
             m.d.sync += aux_q.eq(self.aux_rd_data)
         # addresses only matter modulo 2^16 (act_rd_addr is 16 bits), so 16-bit factors do
         mul = lambda a, b, name: registered_mul(m, platform, a, b, name)
@@ -216,16 +218,17 @@ class ComputeEngine(wiring.Component):
         # ---------------------------------------------------------- weight feeder
         # The current job sits in local registers (loaded from the queue as the previous
         # one issues its last row, so jobs follow each other without a bubble). Scratchpad
-        # data (RAM_READ_LATENCY cycles) is registered once more before the FIFO; issue is credit-based (w_cnt counts rows
+        # data (SP_READ_LATENCY cycles) is registered once more before the FIFO; issue is credit-based (w_cnt counts rows
         # issued and not yet taken out of the FIFO).
-        WD = 6
+        WD = 8
         wfifo = SyncFIFO(width=C * cfg.weight_bits, depth=WD)
         m.submodules.wfifo = wfifo
         wj = wgt_q.r
         w_valid = Signal(); w_addr = Signal(16); w_left = Signal(signed(25))
         w_cnt = Signal(range(WD + 1)); w_cred = Signal()
         w_issue = Signal(); w_job_done = Signal(); w_load = Signal()
-        w_rd1 = Signal(); w_rdx = Signal(); w_rd2 = Signal(); w_data2 = Signal(C * cfg.weight_bits)
+        w_rd = [Signal(name=f"w_rd{i}") for i in range(SP_READ_LATENCY + 1)]   # read in flight
+        w_data2 = Signal(C * cfg.weight_bits)
         m.d.comb += [
             w_issue.eq(w_valid & w_cred),
             w_job_done.eq(w_issue & w_left[-1]),
@@ -243,8 +246,9 @@ class ComputeEngine(wiring.Component):
         m.d.comb += w_pop.eq(wfifo.r_rdy & wfifo.r_en)
         w_cnt_next = w_cnt + w_issue - w_pop
         m.d.sync += [w_cnt.eq(w_cnt_next), w_cred.eq(w_cnt_next < WD)]
-        m.d.sync += [w_rd1.eq(w_issue), w_rdx.eq(w_rd1), w_rd2.eq(w_rdx), w_data2.eq(self.wgt_rd_data)]
-        m.d.comb += [wfifo.w_en.eq(w_rd2), wfifo.w_data.eq(w_data2)]
+        m.d.sync += [w_rd[0].eq(w_issue), w_data2.eq(self.wgt_rd_data)]
+        m.d.sync += [w_rd[i + 1].eq(w_rd[i]) for i in range(SP_READ_LATENCY)]
+        m.d.comb += [wfifo.w_en.eq(w_rd[-1]), wfifo.w_data.eq(w_data2)]
         m.d.comb += [array.wgt.valid.eq(wfifo.r_rdy), array.wgt.payload.eq(wfifo.r_data),
                      wfifo.r_en.eq(array.wgt.ready)]
 
@@ -252,7 +256,7 @@ class ComputeEngine(wiring.Component):
         # A job is copied out of the queue as it starts (one cycle, as before); the loop
         # nest runs on down-counters whose sign bits are the "last" flags, so the next
         # addresses are one add and a mux on registered selects.
-        AD = 6
+        AD = 8
         aj = act_q.r
         afifo = SyncFIFO(width=R * cfg.input_bits + 1, depth=AD)
         m.submodules.afifo = afifo
@@ -266,9 +270,12 @@ class ComputeEngine(wiring.Component):
         tile_first = Signal()
         started = Signal()
         a_cnt = Signal(range(AD + 1)); a_cred = Signal()
-        a_rd1 = Signal(); a_rdx = Signal(); a_rd2 = Signal(); a_pad1 = Signal(); a_first1 = Signal()
-        a_padx = Signal(); a_firstx = Signal()
-        a_zx1 = Signal(8); a_zxx = Signal(8)      # (the next job may be in J by then)
+        # per read in flight: issued, padding, first of its K tile, zero point (the next
+        # job may be in J by the time the data comes)
+        a_rd = [Signal(name=f"a_rd{i}") for i in range(SP_READ_LATENCY + 1)]
+        a_pad = [Signal(name=f"a_pad{i}") for i in range(SP_READ_LATENCY)]
+        a_first = [Signal(name=f"a_first{i}") for i in range(SP_READ_LATENCY)]
+        a_zx = [Signal(8, name=f"a_zx{i}") for i in range(SP_READ_LATENCY)]
         a_data2 = Signal(R * cfg.input_bits + 1)
         a_job_done = Signal()
         a_issue = Signal()
@@ -318,16 +325,16 @@ class ComputeEngine(wiring.Component):
         m.d.comb += a_pop.eq(afifo.r_rdy & afifo.r_en)
         a_cnt_next = a_cnt + a_issue - a_pop
         m.d.sync += [a_cnt.eq(a_cnt_next), a_cred.eq(a_cnt_next < AD)]
-        # read (scratchpad block RAM, its output register), then the data (or the zero
-        # point) registered, then the FIFO
-        assert RAM_READ_LATENCY == 2
-        m.d.sync += [a_rd1.eq(a_issue), a_pad1.eq(~inside), a_first1.eq(tile_first),
-                     a_zx1.eq(J.zx),
-                     a_rdx.eq(a_rd1), a_padx.eq(a_pad1), a_firstx.eq(a_first1), a_zxx.eq(a_zx1),
-                     a_rd2.eq(a_rdx),
-                     a_data2.eq(Cat(Mux(a_padx, a_zxx.replicate(R), self.act_rd_data), a_firstx))]
+        # read (scratchpad: request register, block RAM, its output register), then the
+        # data (or the zero point) registered, then the FIFO
+        m.d.sync += [a_rd[0].eq(a_issue), a_pad[0].eq(~inside), a_first[0].eq(tile_first),
+                     a_zx[0].eq(J.zx)]
+        for i in range(SP_READ_LATENCY - 1):
+            m.d.sync += [a_pad[i + 1].eq(a_pad[i]), a_first[i + 1].eq(a_first[i]), a_zx[i + 1].eq(a_zx[i])]
+        m.d.sync += [a_rd[i + 1].eq(a_rd[i]) for i in range(SP_READ_LATENCY)]
+        m.d.sync += a_data2.eq(Cat(Mux(a_pad[-1], a_zx[-1].replicate(R), self.act_rd_data), a_first[-1]))
         m.d.comb += [
-            afifo.w_en.eq(a_rd2),
+            afifo.w_en.eq(a_rd[-1]),
             afifo.w_data.eq(a_data2),
             array.act.valid.eq(afifo.r_rdy),
             array.act.payload.eq(afifo.r_data),
@@ -466,6 +473,6 @@ class ComputeEngine(wiring.Component):
         m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.r_rdy & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
-                                 & ~afifo.r_rdy & ~wfifo.r_rdy & ~a_rd1 & ~a_rdx & ~a_rd2 & ~w_rd1 & ~w_rdx & ~w_rd2
+                                 & ~afifo.r_rdy & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)
                                  & ~array.busy & ~b_valid & (pipe == 0) & (a_ahead == 0) & (w_ahead == 0))
         return m

@@ -48,7 +48,7 @@ cycle 0 presents its first AR in cycle 2 and ARs follow one per cycle; each R be
 A write command with ``n1``, ``n2`` <= 1 accepted in cycle 0 presents its first AW in cycle 6
 (four cycles of window check, one to start the burst generator) and its first W beat in
 cycle 9 (burst queue, beat issue register, scratchpad read, W buffer); a contiguous write of
-N beats gets ``wr_done`` in cycle N + 12 against AxiRam. The next command of the same
+N beats gets ``wr_done`` in cycle N + 13 against AxiRam. The next command of the same
 engine is accepted once the burst generator has issued the previous command's last burst.
 
 Fmax: the burst generators, FIFO flags, credit and error paths are built so that every
@@ -66,7 +66,7 @@ from amaranth.lib.memory import Memory
 from .axi import axi4_signature, BURST_INCR
 from .config import AcceleratorConfig
 from .regmap import ERR_AXI_READ, ERR_AXI_WRITE, ERR_OUT_WINDOW
-from .scratchpad import RAM_READ_LATENCY as SP_READ_LATENCY
+from .scratchpad import SP_READ_LATENCY
 from ..errors import ConfigError
 
 __all__ = ["DMA", "desc_layout", "Descriptor", "TARGET_ACT", "TARGET_WGT", "TARGET_INSN",
@@ -497,7 +497,7 @@ class DMA(wiring.Component):
     sp_re, sp_raddr, sp_rsrc : ``Out(1)``, ``Out(16)``, ``Out(2)``
         Scratchpad read request of the write engine ...
     sp_rdata : ``In(bus_bits)``
-        ... whose data must be valid exactly ``SP_READ_LATENCY`` = 2 cycles after ``sp_re``
+        ... whose data must be valid exactly ``SP_READ_LATENCY`` = 3 cycles after ``sp_re``
         (a :class:`~dnnfab.hw.scratchpad.Scratchpad`).
     rd_done : ``Out(1)``
         One-cycle pulse with the ``sp_we`` of a read command's last beat.
@@ -818,13 +818,14 @@ class DMA(wiring.Component):
         m.d.sync += credit.eq(w_beat | (pending <= self.w_buffer - 2)
                               | ((pending == self.w_buffer - 1) & ~sp_issue))
         # the scratchpad's data comes SP_READ_LATENCY cycles after sp_re
-        re_d = Signal(); re_dd = Signal()
-        last_d = Signal(); last_dd = Signal()
-        assert SP_READ_LATENCY == 2
-        m.d.sync += [re_d.eq(sp_issue), last_d.eq(w_lastbeat), re_dd.eq(re_d), last_dd.eq(last_d)]
+        re_d = [Signal(name=f"re_d{i}") for i in range(SP_READ_LATENCY)]
+        last_d = [Signal(name=f"last_d{i}") for i in range(SP_READ_LATENCY)]
+        m.d.sync += [re_d[0].eq(sp_issue), last_d[0].eq(w_lastbeat)]
+        m.d.sync += [re_d[i + 1].eq(re_d[i]) for i in range(SP_READ_LATENCY - 1)]
+        m.d.sync += [last_d[i + 1].eq(last_d[i]) for i in range(SP_READ_LATENCY - 1)]
         m.d.comb += [
-            wfifo.w_en.eq(re_dd),
-            wfifo.w_data.eq(Cat(self.sp_rdata, last_dd)),
+            wfifo.w_en.eq(re_d[-1]),
+            wfifo.w_data.eq(Cat(self.sp_rdata, last_d[-1])),
             bus.wvalid.eq(wfifo.r_rdy),
             bus.wdata.eq(wfifo.r_data[:cfg.bus_bits]),
             bus.wlast.eq(wfifo.r_data[cfg.bus_bits]),

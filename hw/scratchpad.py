@@ -20,7 +20,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 
-__all__ = ["Scratchpad", "RegisteredRAM", "RAM_READ_LATENCY", "dp16kd_blocks"]
+__all__ = ["Scratchpad", "SP_READ_LATENCY", "RegisteredRAM", "RAM_READ_LATENCY", "dp16kd_blocks"]
 
 
 def _log2(x):
@@ -28,12 +28,21 @@ def _log2(x):
     return x.bit_length() - 1
 
 
+#: Read latency of :class:`Scratchpad`: ``r_en`` -> ``r_data``.
+SP_READ_LATENCY = 3
+
+
 class Scratchpad(wiring.Component):
     """Memory with a ``w_unit``-bit write port and an ``r_unit``-bit read port.
 
-    Built on :class:`RegisteredRAM` (so on ECP5 every block RAM read goes through the
-    block's output register): read data shows ``RAM_READ_LATENCY`` = 2 cycles after
-    ``r_en``.
+    Both ports' requests are registered before they reach the block RAMs, and the RAM is a
+    :class:`RegisteredRAM` (on ECP5 every read goes through the block's output register):
+    the blocks of a 64 KiB scratchpad spread over much of the chip, and a request that
+    crossed it in the same cycle as the logic computing it was the whole design's critical
+    path (an activation address compare -> 32 block RAM clock enables: 9.9 ns of routing).
+    So read data shows ``SP_READ_LATENCY`` = 3 cycles after ``r_en``, and a write lands
+    one cycle after ``w_en`` (nothing reads a unit that soon after writing it: tokens
+    order the engines, with decode and DMA command latencies of many cycles in between).
 
     Parameters
     ----------
@@ -51,9 +60,9 @@ class Scratchpad(wiring.Component):
     r_en, r_addr : ``In``
         Read unit ``r_addr``; ...
     r_data : ``Out(r_unit)``
-        ... valid ``RAM_READ_LATENCY`` cycles after ``r_en``. Holds its value otherwise.
+        ... valid ``SP_READ_LATENCY`` cycles after ``r_en``. Holds its value otherwise.
     oob : ``Out(1)``
-        An enabled access this cycle was out of range (and was dropped).
+        An enabled access a cycle ago was out of range (and was dropped).
     """
 
     def __init__(self, size_bytes, w_unit, r_unit, addr_bits=16):
@@ -74,39 +83,42 @@ class Scratchpad(wiring.Component):
         m = Module()
         m.submodules.mem = mem = RegisteredRAM(self.row_bits, self.depth, granularity=self.w_unit)
 
-        w_ok = Signal()
-        r_ok = Signal()
-        m.d.comb += [
-            w_ok.eq(self.w_addr < self.w_units),
-            r_ok.eq(self.r_addr < self.r_units),
-            self.oob.eq((self.w_en & ~w_ok) | (self.r_en & ~r_ok)),
+        # request registers (range check and lane decode included)
+        w_bad = Signal(); r_bad = Signal()
+        m.d.sync += [
+            w_bad.eq(self.w_en & (self.w_addr >= self.w_units)),
+            r_bad.eq(self.r_en & (self.r_addr >= self.r_units)),
         ]
+        m.d.comb += self.oob.eq(w_bad | r_bad)
 
         # write side
+        w_sh = _log2(self.w_k)
+        w_lanes = Signal(self.w_k); w_addr = Signal.like(mem.w_addr); w_data = Signal(self.w_unit)
+        ok = self.w_en & (self.w_addr < self.w_units)
         if self.w_k == 1:
-            m.d.comb += [mem.w_addr.eq(self.w_addr), mem.w_data.eq(self.w_data),
-                         mem.w_en.eq(self.w_en & w_ok)]
+            m.d.sync += w_lanes.eq(ok)
         else:
-            sh = _log2(self.w_k)
-            lane = self.w_addr[:sh]
-            m.d.comb += [mem.w_addr.eq(self.w_addr >> sh),
-                         mem.w_data.eq(self.w_data.replicate(self.w_k))]
             for i in range(self.w_k):
-                m.d.comb += mem.w_en[i].eq(self.w_en & w_ok & (lane == i))
+                m.d.sync += w_lanes[i].eq(ok & (self.w_addr[:w_sh] == i))
+        m.d.sync += [w_addr.eq(self.w_addr >> w_sh), w_data.eq(self.w_data)]
+        m.d.comb += [mem.w_en.eq(w_lanes), mem.w_addr.eq(w_addr), mem.w_data.eq(w_data.replicate(self.w_k))]
 
         # read side
-        m.d.comb += [mem.r_en.eq(self.r_en & r_ok)]
+        r_sh = _log2(self.r_k)
+        r_en = Signal(); r_addr = Signal.like(mem.r_addr)
+        m.d.sync += [r_en.eq(self.r_en & (self.r_addr < self.r_units)), r_addr.eq(self.r_addr >> r_sh)]
+        m.d.comb += [mem.r_en.eq(r_en), mem.r_addr.eq(r_addr)]
         if self.r_k == 1:
-            m.d.comb += [mem.r_addr.eq(self.r_addr), self.r_data.eq(mem.r_data)]
+            m.d.comb += self.r_data.eq(mem.r_data)
         else:
-            sh = _log2(self.r_k)
-            lane_q = Signal(sh)
-            lane_qq = Signal(sh)
+            # the lane follows the read through the RAM's two cycles
+            lane = [Signal(r_sh, name=f"lane{i}") for i in range(3)]
             with m.If(self.r_en):
-                m.d.sync += lane_q.eq(self.r_addr[:sh])
-            m.d.sync += lane_qq.eq(lane_q)
-            m.d.comb += [mem.r_addr.eq(self.r_addr >> sh),
-                         self.r_data.eq(mem.r_data.word_select(lane_qq, self.r_unit))]
+                m.d.sync += lane[0].eq(self.r_addr[:r_sh])
+            with m.If(r_en):
+                m.d.sync += lane[1].eq(lane[0])
+            m.d.sync += lane[2].eq(lane[1])
+            m.d.comb += self.r_data.eq(mem.r_data.word_select(lane[2], self.r_unit))
         return m
 
 
