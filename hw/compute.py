@@ -254,8 +254,14 @@ class ComputeEngine(wiring.Component):
 
         # ------------------------------------------------------ activation feeder
         # A job is copied out of the queue as it starts (one cycle, as before); the loop
-        # nest runs on down-counters whose sign bits are the "last" flags, so the next
-        # addresses are one add and a mux on registered selects.
+        # nest runs on down-counters whose sign bits are the "last" flags. Every address
+        # the next pixel can jump to is a register computed ahead: the next row's
+        # (``row_nx``, stepped by itself on consecutive rows) and the next K tile's
+        # (``tile_nx``, recomputed every cycle from the current tile's registers), so a
+        # new address is at most one add and a mux on registered selects. A K-tile jump
+        # right after another (1-pixel tiles, where the array is limited by the weight
+        # preload, ``min_tile_rows`` cycles per tile, anyway) waits one cycle for
+        # ``tile_nx``.
         AD = 8
         aj = act_q.r
         afifo = SyncFIFO(width=R * cfg.input_bits + 1, depth=AD)
@@ -264,11 +270,14 @@ class ComputeEngine(wiring.Component):
         c_kh = Signal(signed(5)); c_kw = Signal(signed(5)); c_cb = Signal(signed(11))
         c_oh = Signal(signed(13)); c_ow = Signal(signed(13))
         a_kh = Signal(signed(A)); a_kw = Signal(signed(A)); a_cb = Signal(signed(A))
-        a_row = Signal(signed(A)); a_px = Signal(signed(A))
+        a_px = Signal(signed(A))
+        row_nx = Signal(signed(A)); tile_nx = Signal(signed(A))
         ih_k = Signal(signed(14)); iw_k = Signal(signed(14))
         ih = Signal(signed(14)); iw = Signal(signed(14))
+        ih_nx = Signal(signed(14)); ihk_nx = Signal(signed(14)); iwk_nx = Signal(signed(14))
         tile_first = Signal()
         started = Signal()
+        fresh = Signal()        # tile_nx is up to date (no K-tile jump in the last cycle)
         a_cnt = Signal(range(AD + 1)); a_cred = Signal()
         # per read in flight: issued, padding, first of its K tile, zero point (the next
         # job may be in J by the time the data comes)
@@ -280,44 +289,51 @@ class ComputeEngine(wiring.Component):
         a_job_done = Signal()
         a_issue = Signal()
         a_start = Signal()
-        m.d.comb += [a_issue.eq(started & a_cred), a_start.eq(act_q.fifo.r_rdy & ~started),
-                     act_q.fifo.r_en.eq(a_start)]
+        last_ow, last_oh, last_cb, last_kw, last_kh = c_ow[-1], c_oh[-1], c_cb[-1], c_kw[-1], c_kh[-1]
+        tile_jump = Signal()
+        m.d.comb += tile_jump.eq(last_ow & last_oh)
+        m.d.comb += [a_issue.eq(started & a_cred & (fresh | ~tile_jump)),
+                     a_start.eq(act_q.fifo.r_rdy & ~started), act_q.fifo.r_en.eq(a_start)]
         inside = Signal()
         m.d.comb += inside.eq((ih >= 0) & (ih < J.hin) & (iw >= 0) & (iw < J.win))
         m.d.comb += [self.act_rd_en.eq(a_issue & inside), self.act_rd_addr.eq(a_px[:16])]
+        # the next K tile's start, from this tile's registers (they change only on a jump)
+        m.d.sync += [
+            tile_nx.eq(Mux(~last_cb, a_cb + 1, Mux(~last_kw, a_kw + J.step_kw, a_kh + J.step_kh))),
+            ihk_nx.eq(Mux(~last_cb | ~last_kw, ih_k, ih_k + J.dh)),
+            iwk_nx.eq(Mux(~last_cb, iw_k, Mux(~last_kw, iw_k + J.dw, J.npl))),
+            fresh.eq(~(a_start | (a_issue & tile_jump))),
+        ]
         with m.If(a_start):
             # first pixel of the first K tile of a new job
             m.d.sync += [started.eq(1), J.eq(aj), tile_first.eq(1),
                          c_kh.eq(aj.kh_m2), c_kw.eq(aj.kw_m2), c_cb.eq(aj.cb_m2),
                          c_oh.eq(aj.oh_m2), c_ow.eq(aj.ow_m2),
                          a_kh.eq(aj.addr0), a_kw.eq(aj.addr0), a_cb.eq(aj.addr0),
-                         a_row.eq(aj.addr0), a_px.eq(aj.addr0),
-                         ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih.eq(aj.npt), iw.eq(aj.npl)]
-        last_ow, last_oh, last_cb, last_kw, last_kh = c_ow[-1], c_oh[-1], c_cb[-1], c_kw[-1], c_kh[-1]
+                         a_px.eq(aj.addr0), row_nx.eq(aj.addr0 + aj.step_oh),
+                         ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih.eq(aj.npt), iw.eq(aj.npl),
+                         ih_nx.eq(aj.npt + aj.sh)]
         with m.If(a_issue):
             m.d.sync += tile_first.eq(0)
             with m.If(~last_ow):
                 m.d.sync += [c_ow.eq(c_ow - 1), a_px.eq(a_px + J.step_ow), iw.eq(iw + J.sw)]
             with m.Elif(~last_oh):
-                m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(c_oh - 1), a_row.eq(a_row + J.step_oh),
-                             a_px.eq(a_row + J.step_oh), ih.eq(ih + J.sh), iw.eq(iw_k)]
+                m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(c_oh - 1),
+                             a_px.eq(row_nx), row_nx.eq(row_nx + J.step_oh),
+                             ih.eq(ih_nx), ih_nx.eq(ih_nx + J.sh), iw.eq(iw_k)]
             with m.Else():
-                # next K tile
-                m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(J.oh_m2), tile_first.eq(1)]
+                # next K tile (cb, else kw, else kh)
+                m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(J.oh_m2), tile_first.eq(1),
+                             a_cb.eq(tile_nx), a_px.eq(tile_nx), row_nx.eq(tile_nx + J.step_oh),
+                             ih_k.eq(ihk_nx), iw_k.eq(iwk_nx),
+                             ih.eq(ihk_nx), ih_nx.eq(ihk_nx + J.sh), iw.eq(iwk_nx)]
                 with m.If(~last_cb):
-                    m.d.sync += [c_cb.eq(c_cb - 1), a_cb.eq(a_cb + 1), a_row.eq(a_cb + 1),
-                                 a_px.eq(a_cb + 1), ih.eq(ih_k), iw.eq(iw_k)]
+                    m.d.sync += c_cb.eq(c_cb - 1)
                 with m.Elif(~last_kw):
-                    nxt = a_kw + J.step_kw
-                    m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(c_kw - 1), a_kw.eq(nxt), a_cb.eq(nxt),
-                                 a_row.eq(nxt), a_px.eq(nxt), iw_k.eq(iw_k + J.dw), ih.eq(ih_k),
-                                 iw.eq(iw_k + J.dw)]
+                    m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(c_kw - 1), a_kw.eq(tile_nx)]
                 with m.Elif(~last_kh):
-                    nxt = a_kh + J.step_kh
-                    m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(J.kw_m2), c_kh.eq(c_kh - 1), a_kh.eq(nxt),
-                                 a_kw.eq(nxt), a_cb.eq(nxt), a_row.eq(nxt), a_px.eq(nxt),
-                                 ih_k.eq(ih_k + J.dh), iw_k.eq(J.npl),
-                                 ih.eq(ih_k + J.dh), iw.eq(J.npl)]
+                    m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(J.kw_m2), c_kh.eq(c_kh - 1),
+                                 a_kh.eq(tile_nx), a_kw.eq(tile_nx)]
                 with m.Else():
                     m.d.sync += started.eq(0)
         m.d.comb += a_job_done.eq(a_issue & last_ow & last_oh & last_cb & last_kw & last_kh)

@@ -22,7 +22,8 @@ CFG_SMALL = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8,
 CFG_8 = AcceleratorConfig(rows=8, cols=8, bus_bits=128, act_kib=16, wgt_kib=16, acc_kib=16, out_kib=8, aux_kib=1)
 
 # cin, cout, k, stride, pad, hw: 1x1, 3x3 padded, 5x5, 7x7 stride 2, C_in=3, C_out=10,
-# K not a multiple of the array, 1x1 spatial, dilation, a GEMM (1x1 conv over 1 x N)
+# K not a multiple of the array, 1x1 spatial, dilation, a GEMM (1x1 conv over 1 x N), a
+# one-pixel-wide image
 LAYERS_SMALL = [
     dict(cin=3, cout=10, k=3, stride=1, pad=1, hw=[6, 5], seed=1),
     dict(cin=16, cout=16, k=1, stride=1, pad=0, hw=[4, 4], seed=2),
@@ -32,6 +33,8 @@ LAYERS_SMALL = [
     dict(cin=6, cout=5, k=3, stride=1, pad=2, hw=[6, 6], dilation=2, seed=6),
     dict(cin=37, cout=11, k=1, stride=1, pad=0, hw=[1, 3], seed=7, name="gemm"),
     dict(cin=21, cout=6, k=1, stride=1, pad=0, hw=[1, 2], seed=8, name="gemm2"),
+    # one pixel wide: every pixel starts a new output row (consecutive row jumps)
+    dict(cin=5, cout=6, k=3, stride=1, pad=1, hw=[5, 1], seed=9, name="column"),
 ]
 LAYERS_8 = [
     dict(cin=3, cout=10, k=3, stride=1, pad=1, hw=[12, 10], seed=11),
