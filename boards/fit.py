@@ -181,7 +181,10 @@ def _scratchpads(cfg: AcceleratorConfig, family):
         depth = (getattr(cfg, name) * 8192) // row
         bram += _ram_blocks(family, row, depth, wu if wu < row else None)
         lut += 2 * wu + (ru * _clog2(row // ru) if ru < row else 0) + 30
-        ff += 2 * wu + 16
+        # request registers (write unit, both addresses, lane enables, oob) and the read
+        # lane's trip through the RAM (hw/scratchpad.py); the DMA-side write registers of
+        # act/wgt/aux hold the same bits and yosys merges them (counted in the glue)
+        ff += (wu if name == "out_kib" else 0) + 2 * _clog2(depth) + row // wu + 3 * _clog2(row // ru) + 3
     acc_depth = cfg.sp_depth("acc_kib")
     bram += _ram_blocks(family, cfg.cols * cfg.acc_bits, acc_depth)
     return bram, lut, ff
@@ -200,7 +203,9 @@ def _ram_blocks(family, width, depth, granularity=None):
 #: "lane" is (rows + cols) / 2. Fitted to yosys synthesis of hw/top.py at 4x4 and 8x8
 #: (bus 128); the DSPs are the compute engine's address multipliers. See docs/boards.md.
 _GLUE = {
-    "ecp5": (5362, 3384, 6, 6, 70, 143, 16),     # 16 DSPs: refitted 2026-11-29 (decode, DMA)
+    # FF terms refitted 2026-11-30 to yosys counts of 4x4 (bus 64 and 128) and 8x8 (bus
+    # 128) after the scratchpad/feeder pipelining: 10541, 10597, 16806; 10 DSPs (decode)
+    "ecp5": (5362, 6365, 6, 0.72, 70, 238, 10),
     "ice40": (5362, 3384, 6, 6, 70, 143, 14),
     "xc7": (1925, 2333, 4, 6, 297, 220, 13),
 }
