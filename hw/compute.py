@@ -125,7 +125,7 @@ class ComputeEngine(wiring.Component):
             "kh_m2": signed(5), "kw_m2": signed(5), "cb_m2": signed(11), "oh_m2": signed(13),
             "ow_m2": signed(13),
             "hin": 12, "win": 12, "sh": 3, "sw": 3, "dh": 3, "dw": 3,
-            "npt": signed(14), "npl": signed(14),
+            "npt": signed(14), "npl": signed(14), "ih1": signed(14), "row1": signed(A), "one_px": 1,
             "zx": 8, "addr0": signed(A), "step_ow": A, "step_oh": A, "step_kw": A, "step_kh": A,
         })
         wgt_job_layout = data.StructLayout({"w_base": 16, "rows_m2": signed(25)})
@@ -204,6 +204,10 @@ class ComputeEngine(wiring.Component):
             act_q.w.cb_m2.eq(insn.cb_n - 2), act_q.w.oh_m2.eq(insn.oh_n - 2),
             act_q.w.ow_m2.eq(insn.ow_n - 2),
             act_q.w.npt.eq(-insn.pt), act_q.w.npl.eq(-insn.pl),
+            # the second output row's input row and address (so the feeder's start loads
+            # registers without adding), and whether K tiles are one pixel each
+            act_q.w.ih1.eq(insn.sh - insn.pt), act_q.w.row1.eq(addr0 + step_oh),
+            act_q.w.one_px.eq((insn.oh_n == 1) & (insn.ow_n == 1)),
             act_q.w.addr0.eq(addr0),
             act_q.w.step_ow.eq(step_ow),
             act_q.w.step_oh.eq(step_oh),
@@ -285,7 +289,9 @@ class ComputeEngine(wiring.Component):
         ih_nx = Signal(signed(14)); ihk_nx = Signal(signed(14)); iwk_nx = Signal(signed(14))
         tile_first = Signal()
         started = Signal()
-        fresh = Signal()        # tile_nx is up to date (no K-tile jump in the last cycle)
+        # tile_nx is stale in the cycle after a K-tile jump (or a job start): with 1-pixel
+        # tiles (a job constant) the next pixel is another jump and waits one cycle
+        blocked = Signal()
         a_cnt = Signal(range(AD + 1)); a_cred = Signal()
         # per read in flight: issued, padding, first of its K tile, zero point (the next
         # job may be in J by the time the data comes)
@@ -300,7 +306,7 @@ class ComputeEngine(wiring.Component):
         last_ow, last_oh, last_cb, last_kw, last_kh = c_ow[-1], c_oh[-1], c_cb[-1], c_kw[-1], c_kh[-1]
         tile_jump = Signal()
         m.d.comb += tile_jump.eq(last_ow & last_oh)
-        m.d.comb += [a_issue.eq(started & a_cred & (fresh | ~tile_jump)),
+        m.d.comb += [a_issue.eq(started & a_cred & ~blocked),
                      a_start.eq(act_q.fifo.r_rdy & ~started), act_q.fifo.r_en.eq(a_start)]
         inside = Signal()
         m.d.comb += inside.eq((ih >= 0) & (ih < J.hin) & (iw >= 0) & (iw < J.win))
@@ -310,7 +316,7 @@ class ComputeEngine(wiring.Component):
             tile_nx.eq(Mux(~last_cb, a_cb + 1, Mux(~last_kw, a_kw + J.step_kw, a_kh + J.step_kh))),
             ihk_nx.eq(Mux(~last_cb | ~last_kw, ih_k, ih_k + J.dh)),
             iwk_nx.eq(Mux(~last_cb, iw_k, Mux(~last_kw, iw_k + J.dw, J.npl))),
-            fresh.eq(~(a_start | (a_issue & tile_jump))),
+            blocked.eq((a_start & aj.one_px) | (a_issue & tile_jump & J.one_px)),
         ]
         with m.If(a_start):
             # first pixel of the first K tile of a new job
@@ -318,9 +324,9 @@ class ComputeEngine(wiring.Component):
                          c_kh.eq(aj.kh_m2), c_kw.eq(aj.kw_m2), c_cb.eq(aj.cb_m2),
                          c_oh.eq(aj.oh_m2), c_ow.eq(aj.ow_m2),
                          a_kh.eq(aj.addr0), a_kw.eq(aj.addr0), a_cb.eq(aj.addr0),
-                         a_px.eq(aj.addr0), row_nx.eq(aj.addr0 + aj.step_oh),
+                         a_px.eq(aj.addr0), row_nx.eq(aj.row1),
                          ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih.eq(aj.npt), iw.eq(aj.npl),
-                         ih_nx.eq(aj.npt + aj.sh)]
+                         ih_nx.eq(aj.ih1)]
         with m.If(a_issue):
             m.d.sync += tile_first.eq(0)
             with m.If(~last_ow):
