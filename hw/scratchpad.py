@@ -81,41 +81,41 @@ class Scratchpad(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mem = mem = RegisteredRAM(self.row_bits, self.depth, granularity=self.w_unit)
+        # the RAM registers the requests itself (on ECP5 one copy of the address and
+        # enables per few blocks, :func:`dup_reg`): a single register still had to reach
+        # 32 block RAMs spread over the chip
+        m.submodules.mem = mem = RegisteredRAM(self.row_bits, self.depth, granularity=self.w_unit,
+                                               input_reg=True)
+        assert mem.latency == SP_READ_LATENCY
 
-        # request registers (range check and lane decode included)
+        w_ok = Signal(); r_ok = Signal()
+        m.d.comb += [w_ok.eq(self.w_addr < self.w_units), r_ok.eq(self.r_addr < self.r_units)]
         w_bad = Signal(); r_bad = Signal()
-        m.d.sync += [
-            w_bad.eq(self.w_en & (self.w_addr >= self.w_units)),
-            r_bad.eq(self.r_en & (self.r_addr >= self.r_units)),
-        ]
+        m.d.sync += [w_bad.eq(self.w_en & ~w_ok), r_bad.eq(self.r_en & ~r_ok)]
         m.d.comb += self.oob.eq(w_bad | r_bad)
 
         # write side
         w_sh = _log2(self.w_k)
-        w_lanes = Signal(self.w_k); w_addr = Signal.like(mem.w_addr); w_data = Signal(self.w_unit)
-        ok = self.w_en & (self.w_addr < self.w_units)
+        m.d.comb += [mem.w_addr.eq(self.w_addr >> w_sh), mem.w_data.eq(self.w_data.replicate(self.w_k))]
         if self.w_k == 1:
-            m.d.sync += w_lanes.eq(ok)
+            m.d.comb += mem.w_en.eq(self.w_en & w_ok)
         else:
             for i in range(self.w_k):
-                m.d.sync += w_lanes[i].eq(ok & (self.w_addr[:w_sh] == i))
-        m.d.sync += [w_addr.eq(self.w_addr >> w_sh), w_data.eq(self.w_data)]
-        m.d.comb += [mem.w_en.eq(w_lanes), mem.w_addr.eq(w_addr), mem.w_data.eq(w_data.replicate(self.w_k))]
+                m.d.comb += mem.w_en[i].eq(self.w_en & w_ok & (self.w_addr[:w_sh] == i))
 
         # read side
         r_sh = _log2(self.r_k)
-        r_en = Signal(); r_addr = Signal.like(mem.r_addr)
-        m.d.sync += [r_en.eq(self.r_en & (self.r_addr < self.r_units)), r_addr.eq(self.r_addr >> r_sh)]
-        m.d.comb += [mem.r_en.eq(r_en), mem.r_addr.eq(r_addr)]
+        m.d.comb += [mem.r_en.eq(self.r_en & r_ok), mem.r_addr.eq(self.r_addr >> r_sh)]
         if self.r_k == 1:
             m.d.comb += self.r_data.eq(mem.r_data)
         else:
-            # the lane follows the read through the RAM's two cycles
+            # the lane follows the read through the RAM's three cycles (and holds with it)
+            r_en_q = Signal()
             lane = [Signal(r_sh, name=f"lane{i}") for i in range(3)]
+            m.d.sync += r_en_q.eq(self.r_en & r_ok)
             with m.If(self.r_en):
                 m.d.sync += lane[0].eq(self.r_addr[:r_sh])
-            with m.If(r_en):
+            with m.If(r_en_q):
                 m.d.sync += lane[1].eq(lane[0])
             m.d.sync += lane[2].eq(lane[1])
             m.d.comb += self.r_data.eq(mem.r_data.word_select(lane[2], self.r_unit))
@@ -152,10 +152,12 @@ class RegisteredRAM(wiring.Component):
     r_data : ``Out(width)``
     """
 
-    def __init__(self, width, depth, granularity=None):
+    def __init__(self, width, depth, granularity=None, input_reg=False):
         granularity = granularity or width
         assert width % granularity == 0
         self.width, self.depth, self.granularity = width, depth, granularity
+        self.input_reg = input_reg
+        self.latency = RAM_READ_LATENCY + input_reg
         self.lanes = width // granularity
         self.abits = max(1, (depth - 1).bit_length())
         super().__init__({
@@ -165,22 +167,42 @@ class RegisteredRAM(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        if getattr(platform, "dnnfab_mult", None) == "ecp5" and self.depth <= 1 << 14:
+        ecp5 = getattr(platform, "dnnfab_mult", None) == "ecp5"
+        if ecp5 and self.depth <= 1 << 14:
             dw, nblk = dp16kd_shape(self.granularity, self.depth)
             ab = _DP16KD_ABITS[dw]
             lo = 14 - ab                              # AD[lo-1:0] are not address bits
             G = self.granularity
+            w_data = self.w_data
+            if self.input_reg:
+                w_data = Signal.like(self.w_data, name="w_data_q")
+                m.d.sync += w_data.eq(self.w_data)
+            ctrl = {}
+
+            def control(lane, b):
+                """Address and enables of block ``b`` of ``lane``: the inputs, or with
+                ``input_reg`` a registered copy shared by a group of up to FANOUT blocks."""
+                if not self.input_reg:
+                    return self.w_addr, self.w_en[lane], self.r_addr, self.r_en
+                key = (lane, b // _FANOUT)
+                if key not in ctrl:
+                    ctrl[key] = [dup_reg(m, platform, v, f"{n}_l{lane}g{b // _FANOUT}") for n, v in
+                                 (("w_addr", self.w_addr), ("w_en", self.w_en[lane]),
+                                  ("r_addr", self.r_addr), ("r_en", self.r_en))]
+                return ctrl[key]
+
             for lane in range(self.lanes):
                 wdata = Signal(nblk * dw, name=f"wdata{lane}")
                 rdata = Signal(nblk * dw, name=f"rdata{lane}")
-                m.d.comb += [wdata.eq(self.w_data[lane * G:(lane + 1) * G]),
+                m.d.comb += [wdata.eq(w_data[lane * G:(lane + 1) * G]),
                              self.r_data[lane * G:(lane + 1) * G].eq(rdata[:G])]
                 for b in range(nblk):
+                    w_addr, w_en, r_addr, r_en = control(lane, b)
                     ports = {}
                     for i in range(14):
                         if i >= lo:
-                            ports[f"i_ADA{i}"] = self.w_addr[i - lo] if i - lo < self.abits else Const(0)
-                            ports[f"i_ADB{i}"] = self.r_addr[i - lo] if i - lo < self.abits else Const(0)
+                            ports[f"i_ADA{i}"] = w_addr[i - lo] if i - lo < self.abits else Const(0)
+                            ports[f"i_ADB{i}"] = r_addr[i - lo] if i - lo < self.abits else Const(0)
                         else:
                             # x18: ADA[1:0], x36: ADA[3:0] are the 9-bit write byte enables
                             be = {18: 2, 36: 4}.get(dw, 0)
@@ -209,9 +231,9 @@ class RegisteredRAM(wiring.Component):
                         p_RESETMODE="SYNC", p_ASYNC_RESET_RELEASE="SYNC",
                         p_CSDECODE_A="0b000", p_CSDECODE_B="0b000",
                         p_WRITEMODE_A="NORMAL", p_WRITEMODE_B="NORMAL", p_GSR="DISABLED",
-                        i_CLKA=ClockSignal(), i_CEA=Const(1), i_OCEA=Const(1), i_WEA=self.w_en[lane],
+                        i_CLKA=ClockSignal(), i_CEA=Const(1), i_OCEA=Const(1), i_WEA=w_en,
                         i_RSTA=Const(0),
-                        i_CLKB=ClockSignal(), i_CEB=self.r_en, i_OCEB=Const(1), i_WEB=Const(0),
+                        i_CLKB=ClockSignal(), i_CEB=r_en, i_OCEB=Const(1), i_WEB=Const(0),
                         i_RSTB=Const(0),
                         **ports)
         else:
@@ -219,10 +241,37 @@ class RegisteredRAM(wiring.Component):
             m.submodules.mem = mem
             wp = mem.write_port(granularity=self.granularity if self.lanes > 1 else None)
             rp = mem.read_port()
-            m.d.comb += [wp.addr.eq(self.w_addr), wp.data.eq(self.w_data), wp.en.eq(self.w_en),
-                         rp.addr.eq(self.r_addr), rp.en.eq(self.r_en)]
+            ins = [(wp.addr, self.w_addr), (wp.data, self.w_data), (wp.en, self.w_en),
+                   (rp.addr, self.r_addr), (rp.en, self.r_en)]
+            domain = m.d.sync if self.input_reg else m.d.comb
+            domain += [port.eq(v) for port, v in ins]
             m.d.sync += self.r_data.eq(rp.data)
         return m
+
+
+#: Block RAMs sharing one copy of the registered address / enables (``input_reg``).
+_FANOUT = 8
+
+
+def dup_reg(m, platform, value, name):
+    """``value`` registered; on ECP5 as ``TRELLIS_FF`` instances of its own.
+
+    yosys merges flip-flops with the same input into one (even with ``keep`` on their
+    wires), which would undo a duplication made to cut the fan-out of a net that crosses
+    the chip; instantiated primitives are left alone. No reset (the copies feed block RAM
+    address and enable pins, where a stale value after a soft reset is harmless).
+    """
+    q = Signal(len(value), name=name)
+    if getattr(platform, "dnnfab_mult", None) == "ecp5":
+        for i in range(len(value)):
+            m.submodules[f"{name}_ff{i}"] = Instance(
+                # (wired as yosys' own cells_map_trellis.v maps a plain $_DFF_P_)
+                "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR",
+                p_REGSET="RESET",
+                i_CLK=ClockSignal(), i_DI=value[i], i_LSR=Const(0), o_Q=q[i])
+    else:
+        m.d.sync += q.eq(value)
+    return q
 
 
 #: DP16KD data width -> address bits (16 Kib per block; x36 is the pseudo dual-port mode)

@@ -16,6 +16,7 @@ from dnnfab.cosim.designs import hw_source_hash
 
 MULT_MODEL = Path(runner.__file__).parent / "models" / "mult18x18d.v"
 BRAM_MODEL = Path(__file__).parent / "models" / "dp16kd.v"
+FF_MODEL = Path(__file__).parent / "models" / "trellis_ff.v"
 
 CFG = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8, out_kib=4, aux_kib=1)
 LAYERS = [
@@ -33,10 +34,11 @@ def test_accel_ecp5_primitives(tmp_path):
     vfile = out / "dnnfab_accel.v"
     text = verilog_text(Accelerator(CFG), "dnnfab_accel", platform=SynthHints(dnnfab_mult="ecp5"))
     assert text.count("MULT18X18D ") > CFG.rows * CFG.cols      # PEs, requantizer, decode
-    assert "DP16KD " in text                                    # the accumulator
+    assert "DP16KD " in text                                    # accumulator, scratchpads
+    assert "TRELLIS_FF " in text                                # scratchpad request copies
     vfile.write_text(text)
     rep = tmp_path / "r.json"
-    runner.run([vfile, MULT_MODEL, BRAM_MODEL], "dnnfab_accel", "dnnfab.cosim.tb_accel", sim="verilator",
+    runner.run([vfile, MULT_MODEL, BRAM_MODEL, FF_MODEL], "dnnfab_accel", "dnnfab.cosim.tb_accel", sim="verilator",
                testcase="layers", params={"config": CFG.to_dict(), "layers": LAYERS, "report": str(rep)})
     report = json.loads(rep.read_text())
     assert len(report) == len(LAYERS) and all(r["bit_exact"] for r in report)
