@@ -76,7 +76,7 @@ class ComputeEngine(wiring.Component):
     insn : ``In(stream.Signature(compute_insn_layout()))``
         Instructions whose dependency tokens have already been taken.
     act_rd_en, act_rd_addr : ``Out`` / act_rd_data : ``In(R*input_bits)``
-        Activation scratchpad read port (element units, data ``SP_READ_LATENCY`` = 3
+        Activation scratchpad read port (element units, data ``SP_READ_LATENCY`` = 4
         cycles after the enable; so are the other two read ports).
     wgt_rd_en, wgt_rd_addr : ``Out`` / wgt_rd_data : ``In(C*weight_bits)``
         Weight scratchpad read port.
@@ -146,9 +146,9 @@ class ComputeEngine(wiring.Component):
         # ------------------------------------------------------------------ decode
         # One state per step; every multiply is a registered_mul (operands and product
         # registered, MUL_LATENCY cycles), the products of step 1 feed those of step 2.
-        #   0 accept   1 aux read, step-1 operands   2 (aux request register)   3 (aux block
-        #   RAM), step-1 products, step-2 operands   4 aux data   5 step-2 products: last
-        #   adds   6 push
+        #   0 accept   1 aux read, step-1 operands   2, 3 (aux request registers), step-1
+        #   products, step-2 operands   4 (aux block RAM)   5 aux data, step-2 products:
+        #   last adds   6 push
         assert MUL_LATENCY == 2
         insn = Signal(compute_insn_layout())
         dstate = Signal(range(7))
@@ -232,7 +232,7 @@ class ComputeEngine(wiring.Component):
         # one issues its last row, so jobs follow each other without a bubble). Scratchpad
         # data (SP_READ_LATENCY cycles) is registered once more before the FIFO; issue is credit-based (w_cnt counts rows
         # issued and not yet taken out of the FIFO).
-        WD = 8
+        WD = 10
         wfifo = SyncFIFO(width=C * cfg.weight_bits, depth=WD)
         m.submodules.wfifo = wfifo
         wj = wgt_q.r
@@ -274,7 +274,7 @@ class ComputeEngine(wiring.Component):
         # right after another (1-pixel tiles, where the array is limited by the weight
         # preload, ``min_tile_rows`` cycles per tile, anyway) waits one cycle for
         # ``tile_nx``.
-        AD = 8
+        AD = 10
         aj = act_q.r
         afifo = SyncFIFO(width=R * cfg.input_bits + 1, depth=AD)
         m.submodules.afifo = afifo

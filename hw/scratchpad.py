@@ -29,20 +29,21 @@ def _log2(x):
 
 
 #: Read latency of :class:`Scratchpad`: ``r_en`` -> ``r_data``.
-SP_READ_LATENCY = 3
+SP_READ_LATENCY = 4
 
 
 class Scratchpad(wiring.Component):
     """Memory with a ``w_unit``-bit write port and an ``r_unit``-bit read port.
 
-    Both ports' requests are registered before they reach the block RAMs, and the RAM is a
-    :class:`RegisteredRAM` (on ECP5 every read goes through the block's output register):
-    the blocks of a 64 KiB scratchpad spread over much of the chip, and a request that
-    crossed it in the same cycle as the logic computing it was the whole design's critical
-    path (an activation address compare -> 32 block RAM clock enables: 9.9 ns of routing).
-    So read data shows ``SP_READ_LATENCY`` = 3 cycles after ``r_en``, and a write lands
-    one cycle after ``w_en`` (nothing reads a unit that soon after writing it: tokens
-    order the engines, with decode and DMA command latencies of many cycles in between).
+    Both ports' requests are registered twice before they reach the block RAMs, and the
+    RAM is a :class:`RegisteredRAM` (on ECP5 every read goes through the block's output
+    register): the blocks of a 64 KiB scratchpad spread over much of the chip, and a
+    request that crossed it in the same cycle as the logic computing it was the whole
+    design's critical path (an activation address compare -> 32 block RAM clock enables:
+    9.9 ns of routing). So read data shows ``SP_READ_LATENCY`` = 4 cycles after ``r_en``,
+    and a write lands two cycles after ``w_en`` (nothing reads a unit that soon after
+    writing it: tokens order the engines, with decode and DMA command latencies of many
+    cycles in between).
 
     Parameters
     ----------
@@ -81,44 +82,55 @@ class Scratchpad(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        # the RAM registers the requests itself (on ECP5 one copy of the address and
-        # enables per few blocks, :func:`dup_reg`): a single register still had to reach
-        # 32 block RAMs spread over the chip
+        # Requests cross two registers on their way to the blocks: one here, next to the
+        # requester (range check and lane decode included), then copies inside the RAM,
+        # one per few blocks (on ECP5 :func:`dup_reg`). With only the RAM's copies, the
+        # requester's logic (e.g. the activation padding compare) and the range check
+        # shared a cycle with the route to them (102.9 MHz); with a single register, one
+        # net reached 32 block RAMs spread over the chip.
         m.submodules.mem = mem = RegisteredRAM(self.row_bits, self.depth, granularity=self.w_unit,
                                                input_reg=True)
-        assert mem.latency == SP_READ_LATENCY
+        assert mem.latency + 1 == SP_READ_LATENCY
 
-        w_ok = Signal(); r_ok = Signal()
-        m.d.comb += [w_ok.eq(self.w_addr < self.w_units), r_ok.eq(self.r_addr < self.r_units)]
         w_bad = Signal(); r_bad = Signal()
-        m.d.sync += [w_bad.eq(self.w_en & ~w_ok), r_bad.eq(self.r_en & ~r_ok)]
+        m.d.sync += [
+            w_bad.eq(self.w_en & (self.w_addr >= self.w_units)),
+            r_bad.eq(self.r_en & (self.r_addr >= self.r_units)),
+        ]
         m.d.comb += self.oob.eq(w_bad | r_bad)
 
         # write side
         w_sh = _log2(self.w_k)
-        m.d.comb += [mem.w_addr.eq(self.w_addr >> w_sh), mem.w_data.eq(self.w_data.replicate(self.w_k))]
+        w_lanes = Signal(self.w_k); w_addr = Signal.like(mem.w_addr); w_data = Signal(self.w_unit)
+        ok = self.w_en & (self.w_addr < self.w_units)
         if self.w_k == 1:
-            m.d.comb += mem.w_en.eq(self.w_en & w_ok)
+            m.d.sync += w_lanes.eq(ok)
         else:
             for i in range(self.w_k):
-                m.d.comb += mem.w_en[i].eq(self.w_en & w_ok & (self.w_addr[:w_sh] == i))
+                m.d.sync += w_lanes[i].eq(ok & (self.w_addr[:w_sh] == i))
+        m.d.sync += [w_addr.eq(self.w_addr >> w_sh), w_data.eq(self.w_data)]
+        m.d.comb += [mem.w_en.eq(w_lanes), mem.w_addr.eq(w_addr), mem.w_data.eq(w_data.replicate(self.w_k))]
 
         # read side
         r_sh = _log2(self.r_k)
-        m.d.comb += [mem.r_en.eq(self.r_en & r_ok), mem.r_addr.eq(self.r_addr >> r_sh)]
+        r_en = Signal(); r_addr = Signal.like(mem.r_addr)
+        m.d.sync += [r_en.eq(self.r_en & (self.r_addr < self.r_units)), r_addr.eq(self.r_addr >> r_sh)]
+        m.d.comb += [mem.r_en.eq(r_en), mem.r_addr.eq(r_addr)]
         if self.r_k == 1:
             m.d.comb += self.r_data.eq(mem.r_data)
         else:
-            # the lane follows the read through the RAM's three cycles (and holds with it)
+            # the lane follows the read through the RAM (and holds with it)
             r_en_q = Signal()
-            lane = [Signal(r_sh, name=f"lane{i}") for i in range(3)]
-            m.d.sync += r_en_q.eq(self.r_en & r_ok)
+            lane = [Signal(r_sh, name=f"lane{i}") for i in range(4)]
+            m.d.sync += r_en_q.eq(r_en)
             with m.If(self.r_en):
                 m.d.sync += lane[0].eq(self.r_addr[:r_sh])
-            with m.If(r_en_q):
+            with m.If(r_en):
                 m.d.sync += lane[1].eq(lane[0])
-            m.d.sync += lane[2].eq(lane[1])
-            m.d.comb += self.r_data.eq(mem.r_data.word_select(lane[2], self.r_unit))
+            with m.If(r_en_q):
+                m.d.sync += lane[2].eq(lane[1])
+            m.d.sync += lane[3].eq(lane[2])
+            m.d.comb += self.r_data.eq(mem.r_data.word_select(lane[3], self.r_unit))
         return m
 
 

@@ -170,9 +170,9 @@ class CycleReport:
 START_LATENCY = 6          # CTRL write -> first fetch request (registered fetch decision + rd_cmd)
 FETCH_LATENCY = 12         # AR -> instructions in the queue
 DMA_READ_LATENCY = 6       # AR -> first beat in a scratchpad (AXI RAM model)
-DMA_WRITE_LATENCY = 8      # last W beat -> B response (incl. the scratchpad read)
+DMA_WRITE_LATENCY = 9      # last W beat -> B response (incl. the scratchpad read)
 DECODE_LATENCY = 10        # COMPUTE dequeued -> job in the feeders (incl. the cinsn register)
-FEED_LATENCY = 6           # feeder read -> array input
+FEED_LATENCY = 7           # feeder read -> array input
 BACKEND_LATENCY = 5 + RQ_LATENCY
 
 
