@@ -69,13 +69,18 @@ if AVAILABLE:
         buffer first: a scatter/gather inside the arithmetic loop stops vectorization
         (measured 10x slower)."""
         rows, c = acc.shape
-        tmp = np.empty(c, np.int8)
+        tmp = np.empty(c, np.int64)
         for i in range(rows):
-            for j in range(c):
-                tmp[j] = _rq(np.int64(acc[i, j]) + bias[j], m[j], n[j], zy, lo, hi)
+            _rq_row(acc, i, bias, m, n, zy, lo, hi, tmp)
             for k in range(c):
                 out[i, k] = tmp[src[k]]
         return out
+
+    @njit(inline="always")
+    def _rq_row(acc, i, bias, m, n, zy, lo, hi, tmp):
+        """Row ``i`` of ``acc`` requantized into the buffer ``tmp`` (the permuted kernels)."""
+        for j in range(acc.shape[1]):
+            tmp[j] = _rq(np.int64(acc[i, j]) + bias[j], m[j], n[j], zy, lo, hi)
 
     @njit(inline="always")
     def _add(y, o, first, k0, z0, k1, z1, am, an, azy, alo, ahi):
@@ -107,8 +112,7 @@ if AVAILABLE:
         rows, c = acc.shape
         tmp = np.empty(c, np.int64)
         for i in range(rows):
-            for j in range(c):
-                tmp[j] = _rq(np.int64(acc[i, j]) + bias[j], m[j], n[j], zy, lo, hi)
+            _rq_row(acc, i, bias, m, n, zy, lo, hi, tmp)
             for k in range(c):
                 out[i, k] = _add(tmp[src[k]], np.int64(other[i, k]), first, k0, z0, k1, z1,
                                  am, an, azy, alo, ahi)
