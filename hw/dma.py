@@ -567,13 +567,31 @@ class DMA(wiring.Component):
         rd_empty_wait = Signal()    # an empty command waits for the earlier ones to finish
         m.d.comb += rd_kill.eq(error | rd_kill_r)
 
-        m.d.comb += self.rd_cmd.ready.eq(~agr.active & ~rd_empty_wait & ~rd_kill)
-        m.d.comb += [getattr(agr.init, f).eq(v) for f, v in agr.initial(self.rd_cmd.p)]
+        # intake register: a command is held in ``rdesc`` (with its flags precomputed) and
+        # starts from there, so no path runs from the controller's payload register (placed
+        # elsewhere) through the burst generator's initial-state logic (Fmax). The next
+        # command is taken in while the current one runs; an idle engine starts a command
+        # one cycle after its handshake.
+        rdesc = Signal(desc_layout(cfg))
+        r_pend = Signal()
+        r_n1_one, r_n1_two, r_n2_one, r_empty = Signal(), Signal(), Signal(), Signal()
+        p = self.rd_cmd.p
+        m.d.comb += self.rd_cmd.ready.eq(~r_pend & ~rd_kill)
+        with m.If(~r_pend):
+            m.d.sync += [rdesc.eq(p), r_n1_one.eq(p.n1 == 1), r_n1_two.eq(p.n1 == 2),
+                         r_n2_one.eq(p.n2 == 1), r_empty.eq(_empty(p))]
+        m.d.comb += [getattr(agr.init, f).eq(v)
+                     for f, v in agr.initial(rdesc, r_n1_one, r_n1_two, r_n2_one)]
         with m.If(self.rd_cmd.valid & self.rd_cmd.ready):
-            with m.If(_empty(self.rd_cmd.p)):
+            m.d.sync += r_pend.eq(1)
+        with m.If(r_pend & ~agr.active & ~rd_empty_wait & ~rd_kill):
+            m.d.sync += r_pend.eq(0)
+            with m.If(r_empty):
                 m.d.sync += rd_empty_wait.eq(1)
             with m.Else():
                 m.d.comb += agr.start.eq(1)
+        with m.If(rd_kill):
+            m.d.sync += r_pend.eq(0)             # (dropped, like the aborted burst generator)
 
         # AR channel: one burst per cycle while the in-flight budget allows
         ar_load = Signal()
@@ -634,7 +652,7 @@ class DMA(wiring.Component):
         rd_err_addr = Signal(ab)
         m.d.comb += rd_err_addr.eq(rhead.addr + (roff << lb))
         rd_busy = Signal()
-        m.d.comb += rd_busy.eq(agr.active | bus.arvalid | rinfo.r_rdy | rd_empty_wait | self.sp_we
+        m.d.comb += rd_busy.eq(r_pend | agr.active | bus.arvalid | rinfo.r_rdy | rd_empty_wait | self.sp_we
                               | self.rd_done)
 
         # =============================================================== write engine
