@@ -37,7 +37,7 @@ from .config import AcceleratorConfig
 from .isa import compute_insn_layout
 from .systolic import SystolicArray, min_tile_rows
 from .postproc import Requantizer, LATENCY as RQ_LATENCY
-from .pe import registered_mul, MUL_LATENCY
+from .pe import registered_mul, MUL_LATENCY, dreg
 from .scratchpad import RegisteredRAM, RAM_READ_LATENCY, SP_READ_LATENCY
 from .dma import RegFIFO
 
@@ -167,7 +167,7 @@ class ComputeEngine(wiring.Component):
         with m.Else():
             m.d.sync += dstate.eq(dstate + 1)
         m.d.comb += [self.aux_rd_en.eq(dstate == 1), self.aux_rd_addr.eq(insn.aux_addr)]
-        aux_q = Signal(aux_layout(cfg))
+        aux_q = dreg(aux_layout(cfg))
         assert 1 + SP_READ_LATENCY < 6
         with m.If(dstate == 1 + SP_READ_LATENCY):
             m.d.sync += aux_q.eq(self.aux_rd_data)
@@ -240,7 +240,7 @@ class ComputeEngine(wiring.Component):
         w_cnt = Signal(range(WD + 1)); w_cred = Signal()
         w_issue = Signal(); w_job_done = Signal(); w_load = Signal()
         w_rd = [Signal(name=f"w_rd{i}") for i in range(SP_READ_LATENCY + 1)]   # read in flight
-        w_data2 = Signal(C * cfg.weight_bits)
+        w_data2 = dreg(C * cfg.weight_bits)
         m.d.comb += [
             w_issue.eq(w_valid & w_cred),
             w_job_done.eq(w_issue & w_left[-1]),
@@ -296,10 +296,10 @@ class ComputeEngine(wiring.Component):
         # per read in flight: issued, padding, first of its K tile, zero point (the next
         # job may be in J by the time the data comes)
         a_rd = [Signal(name=f"a_rd{i}") for i in range(SP_READ_LATENCY + 1)]
-        a_pad = [Signal(name=f"a_pad{i}") for i in range(SP_READ_LATENCY)]
-        a_first = [Signal(name=f"a_first{i}") for i in range(SP_READ_LATENCY)]
-        a_zx = [Signal(8, name=f"a_zx{i}") for i in range(SP_READ_LATENCY)]
-        a_data2 = Signal(R * cfg.input_bits + 1)
+        a_pad = [dreg(name=f"a_pad{i}") for i in range(SP_READ_LATENCY)]
+        a_first = [dreg(name=f"a_first{i}") for i in range(SP_READ_LATENCY)]
+        a_zx = [dreg(8, name=f"a_zx{i}") for i in range(SP_READ_LATENCY)]
+        a_data2 = dreg(R * cfg.input_bits + 1)
         a_job_done = Signal()
         a_issue = Signal()
         a_start = Signal()
@@ -418,8 +418,9 @@ class ComputeEngine(wiring.Component):
 
         # stage B registers
         b_valid = Signal(); b_first = Signal(); b_last = Signal(); b_end = Signal()
-        b_addr = Signal(16); b_out = Signal(16)
-        b_psum = Signal(data.ArrayLayout(signed(cfg.acc_bits), C))
+        # (data registers, ``dreg``, have no reset; the flags beside them do)
+        b_addr = dreg(16); b_out = dreg(16)
+        b_psum = dreg(data.ArrayLayout(signed(cfg.acc_bits), C))
         m.d.sync += [
             b_valid.eq(beat),
             b_first.eq(kt_first & bj.acc_init),
@@ -443,29 +444,29 @@ class ComputeEngine(wiring.Component):
         # has committed.
         acc_row = data.ArrayLayout(signed(cfg.acc_bits), C)
         x_valid = Signal(); x_first = Signal(); x_last = Signal(); x_end = Signal(); x_push = Signal()
-        x_addr = Signal(16); x_out = Signal(16)
-        x_psum = Signal(acc_row)
-        x_aux = Signal(aux_layout(cfg))
-        x_zy = Signal(8); x_lo = Signal(8); x_hi = Signal(8)
+        x_addr = dreg(16); x_out = dreg(16)
+        x_psum = dreg(acc_row)
+        x_aux = dreg(aux_layout(cfg))
+        x_zy = dreg(8); x_lo = dreg(8); x_hi = dreg(8)
         m.d.sync += [
             x_valid.eq(b_valid), x_first.eq(b_first), x_last.eq(b_last), x_end.eq(b_end),
             x_push.eq(pay.push), x_addr.eq(b_addr), x_out.eq(b_out), x_psum.eq(b_psum),
             x_aux.eq(pay.aux), x_zy.eq(pay.zy), x_lo.eq(pay.lo), x_hi.eq(pay.hi),
         ]
         c_valid = Signal(); c_first = Signal(); c_last = Signal(); c_end = Signal(); c_push = Signal()
-        c_addr = Signal(16); c_out = Signal(16)
-        c_psum = Signal(acc_row); c_old = Signal(acc_row)
-        c_aux = Signal(aux_layout(cfg))
-        c_zy = Signal(8); c_lo = Signal(8); c_hi = Signal(8)
+        c_addr = dreg(16); c_out = dreg(16)
+        c_psum = dreg(acc_row); c_old = dreg(acc_row)
+        c_aux = dreg(aux_layout(cfg))
+        c_zy = dreg(8); c_lo = dreg(8); c_hi = dreg(8)
         m.d.sync += [
             c_valid.eq(x_valid), c_first.eq(x_first), c_last.eq(x_last), c_end.eq(x_end),
             c_push.eq(x_push), c_addr.eq(x_addr), c_out.eq(x_out), c_psum.eq(x_psum),
             c_old.eq(accmem.r_data), c_aux.eq(x_aux), c_zy.eq(x_zy), c_lo.eq(x_lo), c_hi.eq(x_hi),
         ]
-        d_we = Signal(); d_rq = Signal(); d_side = Signal(19)
-        d_addr = Signal(16); d_sum = Signal(acc_row)
-        d_aux = Signal(aux_layout(cfg))
-        d_zy = Signal(8); d_lo = Signal(8); d_hi = Signal(8)
+        d_we = Signal(); d_rq = Signal(); d_side = dreg(19)
+        d_addr = dreg(16); d_sum = dreg(acc_row)
+        d_aux = dreg(aux_layout(cfg))
+        d_zy = dreg(8); d_lo = dreg(8); d_hi = dreg(8)
         assert min_tile_rows(R, C) >= 5, "the accumulator pipeline relies on it"
         old = c_old
         s = Signal(acc_row)

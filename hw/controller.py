@@ -38,6 +38,7 @@ from amaranth.lib.fifo import SyncFIFO
 
 from .config import AcceleratorConfig
 from .dma import RegFIFO
+from .pe import dreg
 from .isa import (INSN_BITS, OP_LOAD, OP_COMPUTE, OP_STORE, TARGET_INSN, dma_insn_layout,
                   compute_insn_layout, insn_layout)
 
@@ -239,7 +240,7 @@ class Controller(wiring.Component):
         # conservative by two entries).
         def head(q, layout, name):
             valid = Signal(name=f"{name}_h_valid")
-            payload = Signal(INSN_BITS, name=f"{name}_h")
+            payload = dreg(INSN_BITS, name=f"{name}_h")
             take = Signal(name=f"{name}_h_take")
             m.d.comb += q.r_en.eq(~valid & q.r_rdy)
             with m.If(~valid):
@@ -265,7 +266,9 @@ class Controller(wiring.Component):
 
         # -- LOAD engine + fetch arbitration (fetches first)
         lh_valid, lh, lh_take = head(load_q, dma_insn_layout(), "load")
-        desc = self.rd_cmd.payload
+        # (the command payloads are data registers without reset: ``dreg``)
+        desc = dreg(self.rd_cmd.payload.shape(), name="rd_p")
+        m.d.comb += self.rd_cmd.payload.eq(desc)
         fetch_sel = Signal()
         load_sel = Signal()
         m.d.comb += [
@@ -315,9 +318,11 @@ class Controller(wiring.Component):
         m.d.comb += [wr_pending.w_en.eq(wrp_we), wr_pending.w_data.eq(wrp_data)]
         with m.If(self.wr_cmd.ready):
             m.d.sync += self.wr_cmd.valid.eq(0)
+        wr_p = dreg(self.wr_cmd.payload.shape(), name="wr_p")
+        m.d.comb += self.wr_cmd.payload.eq(wr_p)
         with m.If(~self.wr_cmd.valid):
             for f in ("addr", "len0", "n1", "stride1", "n2", "stride2", "sp_addr", "target"):
-                m.d.sync += getattr(self.wr_cmd.payload, f).eq(getattr(sh_, f))
+                m.d.sync += getattr(wr_p, f).eq(getattr(sh_, f))
         with m.If(store_sel):
             m.d.sync += self.wr_cmd.valid.eq(1)
         m.d.comb += [wr_pending.r_en.eq(self.wr_done), s2c.inc.eq(self.wr_done & wr_pending.r_data)]
@@ -335,8 +340,10 @@ class Controller(wiring.Component):
         ]
         with m.If(self.cinsn.ready):
             m.d.sync += self.cinsn.valid.eq(0)
+        c_p = dreg(self.cinsn.payload.shape(), name="cinsn_p")
+        m.d.comb += self.cinsn.payload.eq(c_p)
         with m.If(~self.cinsn.valid):
-            m.d.sync += self.cinsn.payload.eq(ch.as_value())
+            m.d.sync += c_p.eq(ch.as_value())
         with m.If(comp_sel):
             m.d.sync += self.cinsn.valid.eq(1)
         m.d.comb += [c2l.inc.eq(self.c_done_read), c2s.inc.eq(self.c_done_write),

@@ -67,6 +67,7 @@ from .axi import axi4_signature, BURST_INCR
 from .config import AcceleratorConfig
 from .regmap import ERR_AXI_READ, ERR_AXI_WRITE, ERR_OUT_WINDOW
 from .scratchpad import SP_READ_LATENCY
+from .pe import dreg
 from ..errors import ConfigError
 
 __all__ = ["DMA", "desc_layout", "Descriptor", "TARGET_ACT", "TARGET_WGT", "TARGET_INSN",
@@ -301,7 +302,7 @@ class _BurstGen(Elaboratable):
             "sp": unsigned(16), "target": unsigned(2),
         })
         self.start = Signal()
-        self.init = Signal(self.state_layout)
+        self.init = dreg(self.state_layout)
         self.abort = Signal()
         self.next = Signal()
         self.active = Signal()
@@ -355,7 +356,7 @@ class _BurstGen(Elaboratable):
             pass
         st = _State()
         for name, field in self.state_layout:
-            setattr(st, name, Signal(field.shape, name=name))
+            setattr(st, name, dreg(field.shape, name=name))   # (``active`` is the control bit)
         cur, rem, to4k, dm, hm, em = st.cur, st.rem, st.to4k, st.dm, st.hm, st.em
         kd, kh, len0, n1, n1_one, n1_two = st.kd, st.kh, st.len0, st.n1, st.n1_one, st.n1_two
         stride1, stride2, nrow, npn = st.stride1, st.stride2, st.nrow, st.npn
@@ -572,7 +573,7 @@ class DMA(wiring.Component):
         # elsewhere) through the burst generator's initial-state logic (Fmax). The next
         # command is taken in while the current one runs; an idle engine starts a command
         # one cycle after its handshake.
-        rdesc = Signal(desc_layout(cfg))
+        rdesc = dreg(desc_layout(cfg))
         r_pend = Signal()
         r_n1_one, r_n1_two, r_n2_one, r_empty = Signal(), Signal(), Signal(), Signal()
         p = self.rd_cmd.p
@@ -658,7 +659,7 @@ class DMA(wiring.Component):
         # =============================================================== write engine
         agw = m.submodules.wr_bursts = _BurstGen(cfg)
         # -- intake and window check (overlapped with the running command)
-        wdesc = Signal(desc_layout(cfg))
+        wdesc = dreg(desc_layout(cfg))
         # the write burst generator's initial state is registered (wdesc is stable from the
         # cycle after the intake until the start, at least three cycles later)
         w_n1_one, w_n1_two, w_n2_one = Signal(), Signal(), Signal()

@@ -25,7 +25,7 @@ from amaranth.hdl import Signal, Module, Const, Cat, signed, unsigned, Mux
 from amaranth.lib import wiring, data
 from amaranth.lib.wiring import In, Out
 
-from .pe import registered_mul, MUL_LATENCY
+from .pe import registered_mul, MUL_LATENCY, dreg
 
 __all__ = ["Requantizer", "LATENCY", "requantize_ref"]
 
@@ -80,20 +80,21 @@ class Requantizer(wiring.Component):
         L = LATENCY
         assert MUL_LATENCY == 2
 
-        # side-band and valid travel along the stages; stage k holds what is k cycles old
+        # side-band and valid travel along the stages; stage k holds what is k cycles old.
+        # Only the valid bits are reset: every other stage register is data (``dreg``).
         v = [Signal(name=f"v{i}") for i in range(L)]
-        side = [Signal(self.side_bits, name=f"side{i}") for i in range(L)]
+        side = [dreg(self.side_bits, name=f"side{i}") for i in range(L)]
         m.d.sync += [v[0].eq(self.i_valid), side[0].eq(self.i_side)]
         for i in range(1, L):
             m.d.sync += [v[i].eq(v[i - 1]), side[i].eq(side[i - 1])]
         m.d.comb += [self.o_valid.eq(v[-1]), self.o_side.eq(side[-1])]
         # per-instruction scalars: zy, and the clamp bounds relative to it
         ob = self.out_bits
-        zy = [Signal(signed(ob), name=f"zy{i}") for i in range(L - 1)]
-        loz = [Signal(signed(ob + 1), name=f"loz{i}") for i in range(L - 1)]
-        hiz = [Signal(signed(ob + 1), name=f"hiz{i}") for i in range(L - 1)]
-        lo = [Signal(signed(ob), name=f"lo{i}") for i in range(L - 1)]
-        hi = [Signal(signed(ob), name=f"hi{i}") for i in range(L - 1)]
+        zy = [dreg(signed(ob), name=f"zy{i}") for i in range(L - 1)]
+        loz = [dreg(signed(ob + 1), name=f"loz{i}") for i in range(L - 1)]
+        hiz = [dreg(signed(ob + 1), name=f"hiz{i}") for i in range(L - 1)]
+        lo = [dreg(signed(ob), name=f"lo{i}") for i in range(L - 1)]
+        hi = [dreg(signed(ob), name=f"hi{i}") for i in range(L - 1)]
         m.d.sync += [zy[0].eq(self.i_zy), lo[0].eq(self.i_lo), hi[0].eq(self.i_hi),
                      loz[0].eq(self.i_lo - self.i_zy), hiz[0].eq(self.i_hi - self.i_zy)]
         for i in range(1, L - 1):
@@ -107,43 +108,43 @@ class Requantizer(wiring.Component):
             # 1, 2: two 16-bit partial products (DSP input and output registers)
             p_lo = registered_mul(m, platform, acc.as_unsigned()[:16], mm, f"rq_lo{lane}")
             p_hi = registered_mul(m, platform, acc[16:].as_signed(), mm, f"rq_hi{lane}")
-            n1 = Signal(6, name=f"n1_{lane}")
-            n2 = Signal(6, name=f"n2_{lane}")
-            half2 = Signal(unsigned(pw), name=f"half2_{lane}")
-            zero2 = Signal(name=f"zero2_{lane}")
+            n1 = dreg(6, name=f"n1_{lane}")
+            n2 = dreg(6, name=f"n2_{lane}")
+            half2 = dreg(unsigned(pw), name=f"half2_{lane}")
+            zero2 = dreg(name=f"zero2_{lane}")
             m.d.sync += [n1.eq(self.i_n[lane]), n2.eq(n1),
                          half2.eq((Const(1, pw + 1) << n1)[1:pw + 1]),  # 2^(n-1), 0 for n = 0: no subtract
                          zero2.eq(n1 >= big)]
             # 3: the partial products registered in the fabric (the route out of the DSP
             # column takes most of a cycle by itself: 4.2 of 6.9 ns when the add shared it)
-            q_hi = Signal(signed(A - 16 + 17), name=f"q_hi{lane}")
-            q_lo = Signal(unsigned(32), name=f"q_lo{lane}")
-            n2b = Signal(6, name=f"n2b_{lane}")
-            half2b = Signal(unsigned(pw), name=f"half2b_{lane}")
-            zero2b = Signal(name=f"zero2b_{lane}")
+            q_hi = dreg(signed(A - 16 + 17), name=f"q_hi{lane}")
+            q_lo = dreg(unsigned(32), name=f"q_lo{lane}")
+            n2b = dreg(6, name=f"n2b_{lane}")
+            half2b = dreg(unsigned(pw), name=f"half2b_{lane}")
+            zero2b = dreg(name=f"zero2b_{lane}")
             m.d.sync += [q_hi.eq(p_hi[:A - 16 + 17].as_signed()), q_lo.eq(p_lo[:32]),
                          n2b.eq(n2), half2b.eq(half2), zero2b.eq(zero2)]
             # 4: the full product (the low 16 bits need no add)
-            prod = Signal(signed(pw), name=f"prod{lane}")
-            n3 = Signal(6, name=f"n3_{lane}")
-            half3 = Signal(unsigned(pw), name=f"half3_{lane}")
-            zero3 = Signal(name=f"zero3_{lane}")
+            prod = dreg(signed(pw), name=f"prod{lane}")
+            n3 = dreg(6, name=f"n3_{lane}")
+            half3 = dreg(unsigned(pw), name=f"half3_{lane}")
+            zero3 = dreg(name=f"zero3_{lane}")
             m.d.sync += [prod.eq(Cat(q_lo[:16], q_hi + q_lo[16:])),
                          n3.eq(n2b), half3.eq(half2b), zero3.eq(zero2b)]
             # 5: add the rounding constant 2^(n-1)
-            rnd = Signal(signed(pw + 1), name=f"rnd{lane}")
-            n4 = Signal(6, name=f"n4_{lane}")
-            zero4 = Signal(name=f"zero4_{lane}")
+            rnd = dreg(signed(pw + 1), name=f"rnd{lane}")
+            n4 = dreg(6, name=f"n4_{lane}")
+            zero4 = dreg(name=f"zero4_{lane}")
             m.d.sync += [rnd.eq(prod + half3), n4.eq(n3), zero4.eq(zero3)]
             # 6, 7: arithmetic shift right by n, in two steps (8s, then 1s)
-            sh5 = Signal(signed(pw + 1), name=f"sh5_{lane}")
-            n5 = Signal(3, name=f"n5_{lane}")
+            sh5 = dreg(signed(pw + 1), name=f"sh5_{lane}")
+            n5 = dreg(3, name=f"n5_{lane}")
             m.d.sync += [sh5.eq(Mux(zero4, 0, rnd >> Cat(Const(0, 3), n4[3:]))), n5.eq(n4[:3])]
-            sh6 = Signal(signed(pw + 1), name=f"sh6_{lane}")
+            sh6 = dreg(signed(pw + 1), name=f"sh6_{lane}")
             m.d.sync += sh6.eq(sh5 >> n5)
             # 8: saturate to a few bits more than the output (exact: the clamp follows)
             top = sh6[sat_bits - 1:]
-            sat = Signal(signed(sat_bits), name=f"sat{lane}")
+            sat = dreg(signed(sat_bits), name=f"sat{lane}")
             lim = (1 << (sat_bits - 1)) - 1
             with m.If((top == 0) | (top == (1 << len(top)) - 1)):
                 m.d.sync += sat.eq(sh6)
@@ -153,10 +154,10 @@ class Requantizer(wiring.Component):
                 m.d.sync += sat.eq(lim)
             # 9: zero point added and the clamp decided side by side (sat compared against
             # lo - zy and hi - zy), 10: the clamp
-            lt = Signal(name=f"lt{lane}"); gt = Signal(name=f"gt{lane}")
-            yz = Signal(signed(ob), name=f"yz{lane}")
+            lt = dreg(name=f"lt{lane}"); gt = dreg(name=f"gt{lane}")
+            yz = dreg(signed(ob), name=f"yz{lane}")
             m.d.sync += [lt.eq(sat < loz[L - 3]), gt.eq(sat > hiz[L - 3]), yz.eq(sat + zy[L - 3])]
-            y = Signal(signed(ob), name=f"y{lane}")
+            y = dreg(signed(ob), name=f"y{lane}")
             with m.If(lt):
                 m.d.sync += y.eq(lo[L - 2])
             with m.Elif(gt):

@@ -19,6 +19,7 @@ from amaranth.hdl import Signal, Module, Const, Instance, ClockSignal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
+from .pe import dreg
 
 __all__ = ["Scratchpad", "SP_READ_LATENCY", "RegisteredRAM", "RAM_READ_LATENCY", "dp16kd_blocks"]
 
@@ -101,7 +102,7 @@ class Scratchpad(wiring.Component):
 
         # write side
         w_sh = _log2(self.w_k)
-        w_lanes = Signal(self.w_k); w_addr = Signal.like(mem.w_addr); w_data = Signal(self.w_unit)
+        w_lanes = Signal(self.w_k); w_addr = dreg(len(mem.w_addr)); w_data = dreg(self.w_unit)
         ok = self.w_en & (self.w_addr < self.w_units)
         if self.w_k == 1:
             m.d.sync += w_lanes.eq(ok)
@@ -113,7 +114,7 @@ class Scratchpad(wiring.Component):
 
         # read side
         r_sh = _log2(self.r_k)
-        r_en = Signal(); r_addr = Signal.like(mem.r_addr)
+        r_en = Signal(); r_addr = dreg(len(mem.r_addr))
         m.d.sync += [r_en.eq(self.r_en & (self.r_addr < self.r_units)), r_addr.eq(self.r_addr >> r_sh)]
         m.d.comb += [mem.r_en.eq(r_en), mem.r_addr.eq(r_addr)]
         if self.r_k == 1:
@@ -121,7 +122,7 @@ class Scratchpad(wiring.Component):
         else:
             # the lane follows the read through the RAM (and holds with it)
             r_en_q = Signal()
-            lane = [Signal(r_sh, name=f"lane{i}") for i in range(4)]
+            lane = [dreg(r_sh, name=f"lane{i}") for i in range(4)]
             m.d.sync += r_en_q.eq(r_en)
             with m.If(self.r_en):
                 m.d.sync += lane[0].eq(self.r_addr[:r_sh])
@@ -187,7 +188,7 @@ class RegisteredRAM(wiring.Component):
             G = self.granularity
             w_data = self.w_data
             if self.input_reg:
-                w_data = Signal.like(self.w_data, name="w_data_q")
+                w_data = dreg(len(self.w_data), name="w_data_q")
                 m.d.sync += w_data.eq(self.w_data)
             ctrl = {}
 

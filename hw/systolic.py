@@ -29,7 +29,7 @@ from amaranth.lib import wiring, stream, data
 from amaranth.lib.wiring import In, Out
 
 from .config import AcceleratorConfig
-from .pe import ProcessingElement
+from .pe import ProcessingElement, dreg
 
 __all__ = ["SystolicArray", "act_layout", "out_layout", "latency", "stream_cycles"]
 
@@ -166,7 +166,7 @@ class SystolicArray(wiring.Component):
             a_prev = self.act.p.data[r]
             f_prev = inject
             for i in range(r + 1):
-                a_d = Signal(signed(cfg.input_bits), name=f"skew_a_{r}_{i}")
+                a_d = dreg(signed(cfg.input_bits), name=f"skew_a_{r}_{i}")
                 f_d = Signal(name=f"skew_f_{r}_{i}")
                 with m.If(en):
                     m.d.sync += [a_d.eq(a_prev), f_d.eq(f_prev)]
@@ -200,7 +200,7 @@ class SystolicArray(wiring.Component):
         for c in range(C):
             prev = pes[R - 1][c].psum_out
             for i in range(C - 1 - c):
-                d = Signal(signed(cfg.acc_bits), name=f"deskew_{c}_{i}")
+                d = dreg(signed(cfg.acc_bits), name=f"deskew_{c}_{i}")
                 with m.If(en):
                     m.d.sync += d.eq(prev)
                 prev = d
@@ -208,7 +208,7 @@ class SystolicArray(wiring.Component):
 
         # -- valid/tag line of the array's latency -------------------------------------
         vline = [Signal(name=f"vline_{i}") for i in range(L)]
-        tline = [Signal(self.tag_bits, name=f"tline_{i}") for i in range(L)] if self.tag_bits else []
+        tline = [dreg(self.tag_bits, name=f"tline_{i}") for i in range(L)] if self.tag_bits else []
         with m.If(en):
             m.d.sync += vline[0].eq(accept)
             for i in range(1, L):
