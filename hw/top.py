@@ -24,7 +24,7 @@ from .axi import axi4_signature, axi4lite_signature
 from .csr import CSRBank
 from .regmap import accelerator_regmap, COUNTERS, ERR_SP_RANGE
 from .dma import DMA, desc_layout
-from .scratchpad import Scratchpad
+from .scratchpad import Scratchpad, dup_reg
 from .compute import ComputeEngine, AUX_LANE_BITS
 from .controller import Controller
 from .isa import TARGET_ACT, TARGET_WGT, TARGET_INSN, TARGET_AUX, INSN_BITS
@@ -85,7 +85,12 @@ class Accelerator(wiring.Component):
         clear_error = csr.ctrl[2]
 
         def dp(name, elaboratable):
-            m.submodules[name] = ResetInserter(soft_reset)(elaboratable)
+            # each block resets from a registered copy of the pulse of its own (a distinct
+            # flip-flop that the placer can put near the block: one net from the CSR bank
+            # to every block's reset pins spans the die), so SOFT_RESET acts one cycle
+            # after the CTRL write
+            srst = dup_reg(m, platform, soft_reset, f"{name}_srst")
+            m.submodules[name] = ResetInserter(srst)(elaboratable)
             return elaboratable
 
         dma = dp("dma", DMA(cfg))
