@@ -291,8 +291,8 @@ class ComputeEngine(wiring.Component):
         started = Signal()
         # tile_nx is stale in the cycle after a K-tile jump (or a job start): with 1-pixel
         # tiles (a job constant) the next pixel is another jump and waits one cycle
-        blocked = Signal()
-        a_cnt = Signal(range(AD + 1)); a_cred = Signal()
+        # (``blocked_nx``: the next cycle is such a wait)
+        a_cnt = Signal(range(AD + 1))
         # per read in flight: issued, padding, first of its K tile, zero point (the next
         # job may be in J by the time the data comes)
         a_rd = [Signal(name=f"a_rd{i}") for i in range(SP_READ_LATENCY + 1)]
@@ -306,18 +306,31 @@ class ComputeEngine(wiring.Component):
         last_ow, last_oh, last_cb, last_kw, last_kh = c_ow[-1], c_oh[-1], c_cb[-1], c_kw[-1], c_kh[-1]
         tile_jump = Signal()
         m.d.comb += tile_jump.eq(last_ow & last_oh)
-        m.d.comb += [a_issue.eq(started & a_cred & ~blocked),
+        # a_issue = started & (credit) & ~(blocked), a register computed from the next
+        # values of the three conditions (it enables most of the feeder's registers: one
+        # LUT level and a high-fan-out net less on every path that starts with it)
+        a_issue_r = Signal()
+        started_nx, blocked_nx, cred_nx = Signal(), Signal(), Signal()
+        m.d.sync += a_issue_r.eq(started_nx & cred_nx & ~blocked_nx)
+        m.d.comb += [a_issue.eq(a_issue_r),
                      a_start.eq(act_q.fifo.r_rdy & ~started), act_q.fifo.r_en.eq(a_start)]
+        # inside the image (not padding): a register, compared on the next values of the
+        # pixel position and the job (``*_n``), so the scratchpad's read enable and the
+        # padding flag leave the feeder from flip-flops
         inside = Signal()
-        m.d.comb += inside.eq((ih >= 0) & (ih < J.hin) & (iw >= 0) & (iw < J.win))
+        ih_n = Signal.like(ih); iw_n = Signal.like(iw)
+        hin_n = Signal.like(J.hin); win_n = Signal.like(J.win)
+        m.d.comb += [ih_n.eq(ih), iw_n.eq(iw), hin_n.eq(J.hin), win_n.eq(J.win)]  # (defaults)
+        m.d.sync += [ih.eq(ih_n), iw.eq(iw_n),
+                     inside.eq((ih_n >= 0) & (ih_n < hin_n) & (iw_n >= 0) & (iw_n < win_n))]
         m.d.comb += [self.act_rd_en.eq(a_issue & inside), self.act_rd_addr.eq(a_px[:16])]
         # the next K tile's start, from this tile's registers (they change only on a jump)
         m.d.sync += [
             tile_nx.eq(Mux(~last_cb, a_cb + 1, Mux(~last_kw, a_kw + J.step_kw, a_kh + J.step_kh))),
             ihk_nx.eq(Mux(~last_cb | ~last_kw, ih_k, ih_k + J.dh)),
             iwk_nx.eq(Mux(~last_cb, iw_k, Mux(~last_kw, iw_k + J.dw, J.npl))),
-            blocked.eq((a_start & aj.one_px) | (a_issue & tile_jump & J.one_px)),
         ]
+        m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & tile_jump & J.one_px))
         with m.If(a_start):
             # first pixel of the first K tile of a new job
             m.d.sync += [started.eq(1), J.eq(aj), tile_first.eq(1),
@@ -325,22 +338,25 @@ class ComputeEngine(wiring.Component):
                          c_oh.eq(aj.oh_m2), c_ow.eq(aj.ow_m2),
                          a_kh.eq(aj.addr0), a_kw.eq(aj.addr0), a_cb.eq(aj.addr0),
                          a_px.eq(aj.addr0), row_nx.eq(aj.row1),
-                         ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih.eq(aj.npt), iw.eq(aj.npl),
-                         ih_nx.eq(aj.ih1)]
+                         ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih_nx.eq(aj.ih1)]
+            m.d.comb += [ih_n.eq(aj.npt), iw_n.eq(aj.npl), hin_n.eq(aj.hin), win_n.eq(aj.win)]
         with m.If(a_issue):
             m.d.sync += tile_first.eq(0)
             with m.If(~last_ow):
-                m.d.sync += [c_ow.eq(c_ow - 1), a_px.eq(a_px + J.step_ow), iw.eq(iw + J.sw)]
+                m.d.sync += [c_ow.eq(c_ow - 1), a_px.eq(a_px + J.step_ow)]
+                m.d.comb += iw_n.eq(iw + J.sw)
             with m.Elif(~last_oh):
                 m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(c_oh - 1),
                              a_px.eq(row_nx), row_nx.eq(row_nx + J.step_oh),
-                             ih.eq(ih_nx), ih_nx.eq(ih_nx + J.sh), iw.eq(iw_k)]
+                             ih_nx.eq(ih_nx + J.sh)]
+                m.d.comb += [ih_n.eq(ih_nx), iw_n.eq(iw_k)]
             with m.Else():
                 # next K tile (cb, else kw, else kh)
                 m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(J.oh_m2), tile_first.eq(1),
                              a_cb.eq(tile_nx), a_px.eq(tile_nx), row_nx.eq(tile_nx + J.step_oh),
                              ih_k.eq(ihk_nx), iw_k.eq(iwk_nx),
-                             ih.eq(ihk_nx), ih_nx.eq(ihk_nx + J.sh), iw.eq(iwk_nx)]
+                             ih_nx.eq(ihk_nx + J.sh)]
+                m.d.comb += [ih_n.eq(ihk_nx), iw_n.eq(iwk_nx)]
                 with m.If(~last_cb):
                     m.d.sync += c_cb.eq(c_cb - 1)
                 with m.Elif(~last_kw):
@@ -354,7 +370,9 @@ class ComputeEngine(wiring.Component):
         a_pop = Signal()
         m.d.comb += a_pop.eq(array.act.valid & array.act.ready)
         a_cnt_next = a_cnt + a_issue - a_pop
-        m.d.sync += [a_cnt.eq(a_cnt_next), a_cred.eq(a_cnt_next < AD)]
+        m.d.sync += a_cnt.eq(a_cnt_next)
+        m.d.comb += [cred_nx.eq(a_cnt_next < AD),
+                     started_nx.eq(a_start | (started & ~a_job_done))]
         # read (scratchpad: request register, block RAM, its output register), then the
         # data (or the zero point) registered, then the FIFO
         m.d.sync += [a_rd[0].eq(a_issue), a_pad[0].eq(~inside), a_first[0].eq(tile_first),
