@@ -275,7 +275,12 @@ class ComputeEngine(wiring.Component):
         # preload, ``min_tile_rows`` cycles per tile, anyway) waits one cycle for
         # ``tile_nx``.
         AD = 12
-        aj = act_q.r
+        # the next job, registered out of the queue's distributed RAM (whose asynchronous
+        # read would otherwise sit at the start of every path from a job start: the
+        # padding compare, the counters' loads)
+        aj = dreg(act_job_layout)
+        aj_valid = Signal()
+        aj_take = Signal()
         afifo = SyncFIFO(width=R * cfg.input_bits + 1, depth=AD)
         m.submodules.afifo = afifo
         J = Signal(act_job_layout)
@@ -313,7 +318,13 @@ class ComputeEngine(wiring.Component):
         started_nx, blocked_nx, cred_nx = Signal(), Signal(), Signal()
         m.d.sync += a_issue_r.eq(started_nx & cred_nx & ~blocked_nx)
         m.d.comb += [a_issue.eq(a_issue_r),
-                     a_start.eq(act_q.fifo.r_rdy & ~started), act_q.fifo.r_en.eq(a_start)]
+                     a_start.eq(aj_valid & ~started),
+                     aj_take.eq(act_q.fifo.r_rdy & (~aj_valid | a_start)),
+                     act_q.fifo.r_en.eq(aj_take)]
+        with m.If(aj_take):
+            m.d.sync += [aj_valid.eq(1), aj.eq(act_q.r)]
+        with m.Elif(a_start):
+            m.d.sync += aj_valid.eq(0)
         # inside the image (not padding): a register, compared on the next values of the
         # pixel position and the job (``*_n``), so the scratchpad's read enable and the
         # padding flag leave the feeder from flip-flops
@@ -535,7 +546,7 @@ class ComputeEngine(wiring.Component):
         # -------------------------------------------------------------------- idle
         pipe = Signal(RQ_LATENCY + 5)
         m.d.sync += pipe.eq(Cat(b_valid, pipe[:-1]))
-        m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
+        m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
                                  & ~afifo.r_rdy & ~h_valid & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)
