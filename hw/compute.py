@@ -93,7 +93,8 @@ class ComputeEngine(wiring.Component):
     act_beat : ``Out(1)``
         An activation row entered the array (R*C MACs).
     idle : ``Out(1)``
-        Nothing queued or in flight.
+        Nothing queued or in flight (a register: one cycle late, and low while an
+        instruction is offered on ``insn``).
     """
 
     def __init__(self, config: AcceleratorConfig):
@@ -546,7 +547,12 @@ class ComputeEngine(wiring.Component):
         # -------------------------------------------------------------------- idle
         pipe = Signal(RQ_LATENCY + 5)
         m.d.sync += pipe.eq(Cat(b_valid, pipe[:-1]))
-        m.d.comb += self.idle.eq((dstate == 0) & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
+        # registered (it crosses to the controller's run control, an AND of ~60 terms
+        # otherwise on a path between blocks); an instruction being offered this cycle
+        # counts as busy, so the one-cycle lag never shows idle with work in flight
+        idle = Signal()
+        m.d.sync += self.idle.eq(idle & ~self.insn.valid)
+        m.d.comb += idle.eq((dstate == 0) & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
                                  & ~afifo.r_rdy & ~h_valid & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)

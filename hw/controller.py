@@ -358,8 +358,10 @@ class Controller(wiring.Component):
         # queues have drained, long after the last dispatch.
         all_dispatched = Signal()
         m.d.sync += all_dispatched.eq(dispatched == self.prog_len)
+        # ``all_idle`` is registered too (done follows one cycle later): once true within a
+        # run it stays true (everything dispatched, nothing in flight); a start clears it
         all_idle = Signal()
-        m.d.comb += all_idle.eq(all_dispatched & ~load_q.r_rdy & ~comp_q.r_rdy & ~store_q.r_rdy
+        m.d.sync += all_idle.eq(all_dispatched & ~load_q.r_rdy & ~comp_q.r_rdy & ~store_q.r_rdy
                                 & ~load_q.we_d & ~comp_q.we_d & ~store_q.we_d
                                 & ~lh_valid & ~ch_valid & ~sh_valid
                                 & ~rd_pending.r_rdy & ~wr_pending.r_rdy & ~rdp_we & ~wrp_we
@@ -367,6 +369,7 @@ class Controller(wiring.Component):
                                 & self.c_idle & ~self.dma_busy)
         with m.If(self.start & ~running):
             m.d.sync += [running.eq(1), self.done.eq(0), dispatched.eq(0), all_dispatched.eq(0),
+                         all_idle.eq(0),
                          remaining.eq(self.prog_len), fetch_addr.eq(self.prog_base),
                          fetch_n.eq(Mux(self.prog_len[_CHUNK_LOG2:].any(), FETCH_CHUNK, self.prog_len[:4])),
                          rem_nz.eq(self.prog_len != 0),
