@@ -326,15 +326,23 @@ class ComputeEngine(wiring.Component):
             m.d.sync += [aj_valid.eq(1), aj.eq(act_q.r)]
         with m.Elif(a_start):
             m.d.sync += aj_valid.eq(0)
-        # inside the image (not padding): a register, compared on the next values of the
-        # pixel position and the job (``*_n``), so the scratchpad's read enable and the
-        # padding flag leave the feeder from flip-flops
-        inside = Signal()
+        # inside the image (not padding), from registers, so the scratchpad's read enable
+        # and the padding flag leave the feeder one gate after flip-flops. Row and column
+        # are flags of their own, each compared on every candidate next
+        # position in parallel (all registers) and selected after, as the position is: no
+        # compare waits for the issue decision's multiplexers. A column step compares iw
+        # against the job constants -sw and win - sw instead of adding first.
+        in_h = Signal(); in_w = Signal()
+        in_h_n = Signal(); in_w_n = Signal()
         ih_n = Signal.like(ih); iw_n = Signal.like(iw)
-        hin_n = Signal.like(J.hin); win_n = Signal.like(J.win)
-        m.d.comb += [ih_n.eq(ih), iw_n.eq(iw), hin_n.eq(J.hin), win_n.eq(J.win)]  # (defaults)
-        m.d.sync += [ih.eq(ih_n), iw.eq(iw_n),
-                     inside.eq((ih_n >= 0) & (ih_n < hin_n) & (iw_n >= 0) & (iw_n < win_n))]
+        j_nsw = Signal(signed(14)); j_wms = Signal(signed(14))      # -sw, win - sw
+        m.d.comb += [ih_n.eq(ih), iw_n.eq(iw), in_h_n.eq(in_h), in_w_n.eq(in_w)]  # (hold)
+        m.d.sync += [ih.eq(ih_n), iw.eq(iw_n), in_h.eq(in_h_n), in_w.eq(in_w_n)]
+
+        def in_range(v, n):
+            return (v >= 0) & (v < n)
+        inside = Signal()
+        m.d.comb += inside.eq(in_h & in_w)
         m.d.comb += [self.act_rd_en.eq(a_issue & inside), self.act_rd_addr.eq(a_px[:16])]
         # the next K tile's start, from this tile's registers (they change only on a jump)
         m.d.sync += [
@@ -351,24 +359,28 @@ class ComputeEngine(wiring.Component):
                          a_kh.eq(aj.addr0), a_kw.eq(aj.addr0), a_cb.eq(aj.addr0),
                          a_px.eq(aj.addr0), row_nx.eq(aj.row1),
                          ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih_nx.eq(aj.ih1)]
-            m.d.comb += [ih_n.eq(aj.npt), iw_n.eq(aj.npl), hin_n.eq(aj.hin), win_n.eq(aj.win)]
+            m.d.sync += [j_nsw.eq(-aj.sw), j_wms.eq(aj.win - aj.sw)]
+            m.d.comb += [ih_n.eq(aj.npt), iw_n.eq(aj.npl),
+                         in_h_n.eq(in_range(aj.npt, aj.hin)), in_w_n.eq(in_range(aj.npl, aj.win))]
         with m.If(a_issue):
             m.d.sync += tile_first.eq(0)
             with m.If(~last_ow):
                 m.d.sync += [c_ow.eq(c_ow - 1), a_px.eq(a_px + J.step_ow)]
-                m.d.comb += iw_n.eq(iw + J.sw)
+                m.d.comb += [iw_n.eq(iw + J.sw), in_w_n.eq((iw >= j_nsw) & (iw < j_wms))]
             with m.Elif(~last_oh):
                 m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(c_oh - 1),
                              a_px.eq(row_nx), row_nx.eq(row_nx + J.step_oh),
                              ih_nx.eq(ih_nx + J.sh)]
-                m.d.comb += [ih_n.eq(ih_nx), iw_n.eq(iw_k)]
+                m.d.comb += [ih_n.eq(ih_nx), iw_n.eq(iw_k),
+                             in_h_n.eq(in_range(ih_nx, J.hin)), in_w_n.eq(in_range(iw_k, J.win))]
             with m.Else():
                 # next K tile (cb, else kw, else kh)
                 m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(J.oh_m2), tile_first.eq(1),
                              a_cb.eq(tile_nx), a_px.eq(tile_nx), row_nx.eq(tile_nx + J.step_oh),
                              ih_k.eq(ihk_nx), iw_k.eq(iwk_nx),
                              ih_nx.eq(ihk_nx + J.sh)]
-                m.d.comb += [ih_n.eq(ihk_nx), iw_n.eq(iwk_nx)]
+                m.d.comb += [ih_n.eq(ihk_nx), iw_n.eq(iwk_nx),
+                             in_h_n.eq(in_range(ihk_nx, J.hin)), in_w_n.eq(in_range(iwk_nx, J.win))]
                 with m.If(~last_cb):
                     m.d.sync += c_cb.eq(c_cb - 1)
                 with m.Elif(~last_kw):
