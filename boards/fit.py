@@ -181,10 +181,12 @@ def _scratchpads(cfg: AcceleratorConfig, family):
         depth = (getattr(cfg, name) * 8192) // row
         bram += _ram_blocks(family, row, depth, wu if wu < row else None)
         lut += 2 * wu + (ru * _clog2(row // ru) if ru < row else 0) + 30
-        # request registers (write unit, both addresses, lane enables, oob) and the read
-        # lane's trip through the RAM (hw/scratchpad.py); the DMA-side write registers of
-        # act/wgt/aux hold the same bits and yosys merges them (counted in the glue)
-        ff += (wu if name == "out_kib" else 0) + 2 * _clog2(depth) + row // wu + 3 * _clog2(row // ru) + 3
+        # request registers (write unit, both addresses, lane enables, oob), the read
+        # lane's trip through the RAM and the read-data register (hw/scratchpad.py); the
+        # DMA-side write registers of act/wgt/aux hold the same bits and yosys merges them
+        # (counted in the glue)
+        ff += ((wu if name == "out_kib" else 0) + 2 * _clog2(depth) + row // wu
+               + 3 * _clog2(row // ru) + 3 + ru)
     acc_depth = cfg.sp_depth("acc_kib")
     bram += _ram_blocks(family, cfg.cols * cfg.acc_bits, acc_depth)
     return bram, lut, ff

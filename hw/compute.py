@@ -76,7 +76,7 @@ class ComputeEngine(wiring.Component):
     insn : ``In(stream.Signature(compute_insn_layout()))``
         Instructions whose dependency tokens have already been taken.
     act_rd_en, act_rd_addr : ``Out`` / act_rd_data : ``In(R*input_bits)``
-        Activation scratchpad read port (element units, data ``SP_READ_LATENCY`` = 4
+        Activation scratchpad read port (element units, data ``SP_READ_LATENCY`` = 5
         cycles after the enable; so are the other two read ports).
     wgt_rd_en, wgt_rd_addr : ``Out`` / wgt_rd_data : ``In(C*weight_bits)``
         Weight scratchpad read port.
@@ -147,9 +147,9 @@ class ComputeEngine(wiring.Component):
         # ------------------------------------------------------------------ decode
         # One state per step; every multiply is a registered_mul (operands and product
         # registered, MUL_LATENCY cycles), the products of step 1 feed those of step 2.
-        #   0 accept   1 aux read, step-1 operands   2, 3 (aux request registers), step-1
-        #   products, step-2 operands   4 (aux block RAM)   5 aux data, step-2 products:
-        #   last adds   6 push
+        #   0 accept, aux read   1 step-1 operands   2, 3 step-1 products, step-2
+        #   operands   4   5 aux data (SP_READ_LATENCY cycles after the read), step-2
+        #   products: last adds   6 push
         assert MUL_LATENCY == 2
         insn = Signal(compute_insn_layout())
         dstate = Signal(range(7))
@@ -167,10 +167,12 @@ class ComputeEngine(wiring.Component):
                 m.d.sync += dstate.eq(0)
         with m.Else():
             m.d.sync += dstate.eq(dstate + 1)
-        m.d.comb += [self.aux_rd_en.eq(dstate == 1), self.aux_rd_addr.eq(insn.aux_addr)]
+        # (the aux read is issued with the accept, from the offered instruction)
+        m.d.comb += [self.aux_rd_en.eq((dstate == 0) & self.insn.valid),
+                     self.aux_rd_addr.eq(self.insn.payload.aux_addr)]
         aux_q = dreg(aux_layout(cfg))
-        assert 1 + SP_READ_LATENCY < 6
-        with m.If(dstate == 1 + SP_READ_LATENCY):
+        assert SP_READ_LATENCY < 6
+        with m.If(dstate == SP_READ_LATENCY):
             m.d.sync += aux_q.eq(self.aux_rd_data)
         # addresses only matter modulo 2^16 (act_rd_addr is 16 bits), so 16-bit factors do
         mul = lambda a, b, name: registered_mul(m, platform, a, b, name)
@@ -233,7 +235,7 @@ class ComputeEngine(wiring.Component):
         # one issues its last row, so jobs follow each other without a bubble). Scratchpad
         # data (SP_READ_LATENCY cycles) is registered once more before the FIFO; issue is credit-based (w_cnt counts rows
         # issued and not yet taken out of the FIFO).
-        WD = 10
+        WD = 11
         wfifo = SyncFIFO(width=C * cfg.weight_bits, depth=WD)
         m.submodules.wfifo = wfifo
         wj = wgt_q.r
@@ -275,7 +277,7 @@ class ComputeEngine(wiring.Component):
         # right after another (1-pixel tiles, where the array is limited by the weight
         # preload, ``min_tile_rows`` cycles per tile, anyway) waits one cycle for
         # ``tile_nx``.
-        AD = 12
+        AD = 13
         # the next job, registered out of the queue's distributed RAM (whose asynchronous
         # read would otherwise sit at the start of every path from a job start: the
         # padding compare, the counters' loads)

@@ -48,7 +48,7 @@ cycle 0 presents its first AR in cycle 2 and ARs follow one per cycle; each R be
 A write command with ``n1``, ``n2`` <= 1 accepted in cycle 0 presents its first AW in cycle 6
 (four cycles of window check, one to start the burst generator) and its first W beat in
 cycle 9 (burst queue, beat issue register, scratchpad read, W buffer); a contiguous write of
-N beats gets ``wr_done`` in cycle N + 14 against AxiRam. The next command of the same
+N beats gets ``wr_done`` in cycle N + 15 against AxiRam. The next command of the same
 engine is accepted once the burst generator has issued the previous command's last burst.
 
 Fmax: the burst generators, FIFO flags, credit and error paths are built so that every
@@ -498,7 +498,7 @@ class DMA(wiring.Component):
     sp_re, sp_raddr, sp_rsrc : ``Out(1)``, ``Out(16)``, ``Out(2)``
         Scratchpad read request of the write engine ...
     sp_rdata : ``In(bus_bits)``
-        ... whose data must be valid exactly ``SP_READ_LATENCY`` = 4 cycles after ``sp_re``
+        ... whose data must be valid exactly ``SP_READ_LATENCY`` = 5 cycles after ``sp_re``
         (a :class:`~dnnfab.hw.scratchpad.Scratchpad`).
     rd_done : ``Out(1)``
         One-cycle pulse with the ``sp_we`` of a read command's last beat.

@@ -30,7 +30,7 @@ def _log2(x):
 
 
 #: Read latency of :class:`Scratchpad`: ``r_en`` -> ``r_data``.
-SP_READ_LATENCY = 4
+SP_READ_LATENCY = 5
 
 
 class Scratchpad(wiring.Component):
@@ -41,7 +41,11 @@ class Scratchpad(wiring.Component):
     register): the blocks of a 64 KiB scratchpad spread over much of the chip, and a
     request that crossed it in the same cycle as the logic computing it was the whole
     design's critical path (an activation address compare -> 32 block RAM clock enables:
-    9.9 ns of routing). So read data shows ``SP_READ_LATENCY`` = 4 cycles after ``r_en``,
+    9.9 ns of routing). The read data is registered once more after the RAM (and the lane
+    select): a block far from the reader otherwise put the whole cross-chip route into one
+    cycle (7.5 ns from a corner block RAM's output register to the activation feeder);
+    the extra register lets the placer split it. So read data shows ``SP_READ_LATENCY`` = 5
+    cycles after ``r_en``,
     and a write lands two cycles after ``w_en`` (nothing reads a unit that soon after
     writing it: tokens order the engines, with decode and DMA command latencies of many
     cycles in between).
@@ -91,7 +95,7 @@ class Scratchpad(wiring.Component):
         # net reached 32 block RAMs spread over the chip.
         m.submodules.mem = mem = RegisteredRAM(self.row_bits, self.depth, granularity=self.w_unit,
                                                input_reg=True)
-        assert mem.latency + 1 == SP_READ_LATENCY
+        assert mem.latency + 2 == SP_READ_LATENCY
 
         w_bad = Signal(); r_bad = Signal()
         m.d.sync += [
@@ -117,8 +121,11 @@ class Scratchpad(wiring.Component):
         r_en = Signal(); r_addr = dreg(len(mem.r_addr))
         m.d.sync += [r_en.eq(self.r_en & (self.r_addr < self.r_units)), r_addr.eq(self.r_addr >> r_sh)]
         m.d.comb += [mem.r_en.eq(r_en), mem.r_addr.eq(r_addr)]
+        # the read data registered once more after the RAM and the lane select
+        r_data = dreg(self.r_unit, name="r_data_q")
+        m.d.comb += self.r_data.eq(r_data)
         if self.r_k == 1:
-            m.d.comb += self.r_data.eq(mem.r_data)
+            m.d.sync += r_data.eq(mem.r_data)
         else:
             # the lane follows the read through the RAM (and holds with it)
             r_en_q = Signal()
@@ -131,7 +138,7 @@ class Scratchpad(wiring.Component):
             with m.If(r_en_q):
                 m.d.sync += lane[2].eq(lane[1])
             m.d.sync += lane[3].eq(lane[2])
-            m.d.comb += self.r_data.eq(mem.r_data.word_select(lane[3], self.r_unit))
+            m.d.sync += r_data.eq(mem.r_data.word_select(lane[3], self.r_unit))
         return m
 
 

@@ -170,9 +170,9 @@ class CycleReport:
 START_LATENCY = 6          # CTRL write -> first fetch request (registered fetch decision + rd_cmd)
 FETCH_LATENCY = 13         # AR -> instructions in the queue
 DMA_READ_LATENCY = 7       # AR -> first beat in a scratchpad (AXI RAM model)
-DMA_WRITE_LATENCY = 9      # last W beat -> B response (incl. the scratchpad read)
+DMA_WRITE_LATENCY = 10     # last W beat -> B response (incl. the scratchpad read)
 DECODE_LATENCY = 11        # COMPUTE dequeued -> job in the feeders (incl. the cinsn and job-head registers)
-FEED_LATENCY = 8           # feeder read -> array input (incl. the FIFO head register)
+FEED_LATENCY = 9           # feeder read -> array input (incl. the FIFO head register)
 BACKEND_LATENCY = 5 + RQ_LATENCY
 
 
