@@ -107,10 +107,11 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
     dsp = R * C * _mults(family, I, W)
     if family in ("ecp5", "ice40"):
         ff = common_ff + R * C * (I + 2 * W + P) + C * sum(e)
-        if family == "ecp5":
-            # the product and active-weight registers live inside MULT18X18D (hw/pe.py),
-            # which also registers its own A input: the last column's a_out is then unused
-            ff -= R * C * (P + W) + R * I
+        # the product and active-weight registers live inside the multiplier block: on
+        # ECP5 the MULT18X18D registers of hw/pe.py (which also registers its own A input:
+        # the last column's a_out is then unused); on iCE40 yosys packs them into the
+        # SB_MAC16 since they have no reset (``dreg``; measured 2x2: 209 FF + harness)
+        ff -= R * C * (P + W) + R * I
         # partial-sum adders: row 1 is P+1 wide, then widening to acc_bits (fitted)
         add_bits = C * sum(min(A, P + 1 + 4 * (r - 1)) for r in range(1, R))
         if family == "ecp5":
