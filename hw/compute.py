@@ -355,7 +355,7 @@ class ComputeEngine(wiring.Component):
         m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & tile_jump & J.one_px))
         with m.If(a_start):
             # first pixel of the first K tile of a new job
-            m.d.sync += [started.eq(1), J.eq(aj), tile_first.eq(1),
+            m.d.sync += [J.eq(aj), tile_first.eq(1),
                          c_kh.eq(aj.kh_m2), c_kw.eq(aj.kw_m2), c_cb.eq(aj.cb_m2),
                          c_oh.eq(aj.oh_m2), c_ow.eq(aj.ow_m2),
                          a_kh.eq(aj.addr0), a_kw.eq(aj.addr0), a_cb.eq(aj.addr0),
@@ -390,15 +390,16 @@ class ComputeEngine(wiring.Component):
                 with m.Elif(~last_kh):
                     m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(J.kw_m2), c_kh.eq(c_kh - 1),
                                  a_kh.eq(tile_nx), a_kw.eq(tile_nx)]
-                with m.Else():
-                    m.d.sync += started.eq(0)
         m.d.comb += a_job_done.eq(a_issue & last_ow & last_oh & last_cb & last_kw & last_kh)
         a_pop = Signal()
         m.d.comb += a_pop.eq(array.act.valid & array.act.ready)
         a_cnt_next = a_cnt + a_issue - a_pop
         m.d.sync += a_cnt.eq(a_cnt_next)
+        # (``started`` is set by a job start and cleared by the job's last issue; its next
+        # value also feeds ``a_issue_r``)
         m.d.comb += [cred_nx.eq(a_cnt_next < AD),
                      started_nx.eq(a_start | (started & ~a_job_done))]
+        m.d.sync += started.eq(started_nx)
         # read (scratchpad: request register, block RAM, its output register), then the
         # data (or the zero point) registered, then the FIFO
         m.d.sync += [a_rd[0].eq(a_issue), a_pad[0].eq(~inside), a_first[0].eq(tile_first),

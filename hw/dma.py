@@ -464,6 +464,12 @@ class _BurstGen(Elaboratable):
         return m
 
 
+def _desc_flags(desc):
+    """``(n1 == 1, n1 == 2, n2 == 1, empty)`` of a descriptor: the flags an engine's intake
+    registers, so the burst generator's initial state needs no compare."""
+    return desc.n1 == 1, desc.n1 == 2, desc.n2 == 1, _empty(desc)
+
+
 def _empty(desc):
     return (desc.len0 == 0) | (desc.n1 == 0) | (desc.n2 == 0)
 
@@ -579,8 +585,8 @@ class DMA(wiring.Component):
         p = self.rd_cmd.p
         m.d.comb += self.rd_cmd.ready.eq(~r_pend & ~rd_kill)
         with m.If(~r_pend):
-            m.d.sync += [rdesc.eq(p), r_n1_one.eq(p.n1 == 1), r_n1_two.eq(p.n1 == 2),
-                         r_n2_one.eq(p.n2 == 1), r_empty.eq(_empty(p))]
+            m.d.sync += rdesc.eq(p)
+            m.d.sync += [f.eq(v) for f, v in zip((r_n1_one, r_n1_two, r_n2_one, r_empty), _desc_flags(p))]
         m.d.comb += [getattr(agr.init, f).eq(v)
                      for f, v in agr.initial(rdesc, r_n1_one, r_n1_two, r_n2_one)]
         with m.If(self.rd_cmd.valid & self.rd_cmd.ready):
@@ -710,8 +716,7 @@ class DMA(wiring.Component):
                 wdesc.addr.eq(pa),
                 wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
                 wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
-                w_empty.eq(_empty(p)),
-                w_n1_one.eq(p.n1 == 1), w_n1_two.eq(p.n1 == 2), w_n2_one.eq(p.n2 == 1),
+                *[f.eq(v) for f, v in zip((w_n1_one, w_n1_two, w_n2_one, w_empty), _desc_flags(p))],
                 end0.eq(pa + (p.len0 << lb)),
                 mul1.eq(p.n1 - 1), mul2.eq(p.n2 - 1),
                 sh1.eq(Cat(Const(0, lb), p.stride1[lb:])),
