@@ -125,8 +125,9 @@ class ComputeEngine(wiring.Component):
         act_job_layout = data.StructLayout({
             "kh_m2": signed(5), "kw_m2": signed(5), "cb_m2": signed(11), "oh_m2": signed(13),
             "ow_m2": signed(13),
-            "hin": 12, "win": 12, "sh": 3, "sw": 3, "dh": 3, "dw": 3,
-            "npt": signed(14), "npl": signed(14), "ih1": signed(14), "row1": signed(A), "one_px": 1,
+            "sh": 3, "sw": 3, "dh": 3, "dw": 3,
+            "npt": signed(14), "npl": signed(14), "ih1": signed(14),
+            "npt_r": signed(14), "npl_r": signed(14), "ih1_r": signed(14), "row1": signed(A), "one_px": 1,
             "zx": 8, "addr0": signed(A), "step_ow": A, "step_oh": A, "step_kw": A, "step_kh": A,
         })
         wgt_job_layout = data.StructLayout({"w_base": 16, "rows_m2": signed(25)})
@@ -200,7 +201,7 @@ class ComputeEngine(wiring.Component):
             pay_q.fifo.w_en.eq(push),
             flag_q.w_en.eq(push), flag_q.w_data.eq(insn.push_prev),
         ]
-        for f in ("hin", "win", "sh", "sw", "dh", "dw", "zx"):
+        for f in ("sh", "sw", "dh", "dw", "zx"):
             m.d.comb += getattr(act_q.w, f).eq(getattr(insn, f))
         m.d.comb += [
             act_q.w.kh_m2.eq(insn.kh_n - 2), act_q.w.kw_m2.eq(insn.kw_n - 2),
@@ -210,6 +211,9 @@ class ComputeEngine(wiring.Component):
             # the second output row's input row and address (so the feeder's start loads
             # registers without adding), and whether K tiles are one pixel each
             act_q.w.ih1.eq(insn.sh - insn.pt), act_q.w.row1.eq(addr0 + step_oh),
+            # the same coordinates minus the image height / width (the feeder's edge twins)
+            act_q.w.npt_r.eq(-insn.pt - insn.hin), act_q.w.npl_r.eq(-insn.pl - insn.win),
+            act_q.w.ih1_r.eq(insn.sh - insn.pt - insn.hin),
             act_q.w.one_px.eq((insn.oh_n == 1) & (insn.ow_n == 1)),
             act_q.w.addr0.eq(addr0),
             act_q.w.step_ow.eq(step_ow),
@@ -328,29 +332,28 @@ class ComputeEngine(wiring.Component):
             m.d.sync += [aj_valid.eq(1), aj.eq(act_q.r)]
         with m.Elif(a_start):
             m.d.sync += aj_valid.eq(0)
-        # inside the image (not padding), from registers, so the scratchpad's read enable
-        # and the padding flag leave the feeder one gate after flip-flops. Row and column
-        # are flags of their own, each compared on every candidate next
-        # position in parallel (all registers) and selected after, as the position is: no
-        # compare waits for the issue decision's multiplexers. A column step compares iw
-        # against the job constants -sw and win - sw instead of adding first.
-        in_h = Signal(); in_w = Signal()
-        in_h_n = Signal(); in_w_n = Signal()
-        ih_n = Signal.like(ih); iw_n = Signal.like(iw)
-        j_nsw = Signal(signed(14)); j_wms = Signal(signed(14))      # -sw, win - sw
-        m.d.comb += [ih_n.eq(ih), iw_n.eq(iw), in_h_n.eq(in_h), in_w_n.eq(in_w)]  # (hold)
-        m.d.sync += [ih.eq(ih_n), iw.eq(iw_n), in_h.eq(in_h_n), in_w.eq(in_w_n)]
-
-        def in_range(v, n):
-            return (v >= 0) & (v < n)
+        # inside the image (not padding), from sign bits of registers only, so the
+        # scratchpad's read enable and the padding flag leave the feeder one LUT after
+        # flip-flops, and no compare sits on any path. Every input coordinate is kept
+        # twice: ``ih``/``iw`` (negative: above / left of the image) and ``ihr``/``iwr``
+        # = the same minus ``hin``/``win`` (negative: above / left of the bottom / right
+        # edge). Each twin steps by the same adds as its coordinate; the job start loads
+        # the twins the decoder computed (``*_r`` fields). (A column step used to compare
+        # ``iw`` against the job's limits after the add: the whole design's worst path,
+        # 8.7 ns.)
+        ihr_k = Signal(signed(14)); iwr_k = Signal(signed(14))
+        ihr = Signal(signed(14)); iwr = Signal(signed(14))
+        ihr_nx = Signal(signed(14)); ihkr_nx = Signal(signed(14)); iwkr_nx = Signal(signed(14))
         inside = Signal()
-        m.d.comb += inside.eq(in_h & in_w)
+        m.d.comb += inside.eq(~ih[-1] & ihr[-1] & ~iw[-1] & iwr[-1])
         m.d.comb += [self.act_rd_en.eq(a_issue & inside), self.act_rd_addr.eq(a_px[:16])]
         # the next K tile's start, from this tile's registers (they change only on a jump)
         m.d.sync += [
             tile_nx.eq(Mux(~last_cb, a_cb + 1, Mux(~last_kw, a_kw + J.step_kw, a_kh + J.step_kh))),
             ihk_nx.eq(Mux(~last_cb | ~last_kw, ih_k, ih_k + J.dh)),
+            ihkr_nx.eq(Mux(~last_cb | ~last_kw, ihr_k, ihr_k + J.dh)),
             iwk_nx.eq(Mux(~last_cb, iw_k, Mux(~last_kw, iw_k + J.dw, J.npl))),
+            iwkr_nx.eq(Mux(~last_cb, iwr_k, Mux(~last_kw, iwr_k + J.dw, J.npl_r))),
         ]
         m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & tile_jump & J.one_px))
         with m.If(a_start):
@@ -360,29 +363,26 @@ class ComputeEngine(wiring.Component):
                          c_oh.eq(aj.oh_m2), c_ow.eq(aj.ow_m2),
                          a_kh.eq(aj.addr0), a_kw.eq(aj.addr0), a_cb.eq(aj.addr0),
                          a_px.eq(aj.addr0), row_nx.eq(aj.row1),
-                         ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih_nx.eq(aj.ih1)]
-            m.d.sync += [j_nsw.eq(-aj.sw), j_wms.eq(aj.win - aj.sw)]
-            m.d.comb += [ih_n.eq(aj.npt), iw_n.eq(aj.npl),
-                         in_h_n.eq(in_range(aj.npt, aj.hin)), in_w_n.eq(in_range(aj.npl, aj.win))]
+                         ih_k.eq(aj.npt), iw_k.eq(aj.npl), ih_nx.eq(aj.ih1),
+                         ihr_k.eq(aj.npt_r), iwr_k.eq(aj.npl_r), ihr_nx.eq(aj.ih1_r),
+                         ih.eq(aj.npt), iw.eq(aj.npl), ihr.eq(aj.npt_r), iwr.eq(aj.npl_r)]
         with m.If(a_issue):
             m.d.sync += tile_first.eq(0)
             with m.If(~last_ow):
-                m.d.sync += [c_ow.eq(c_ow - 1), a_px.eq(a_px + J.step_ow)]
-                m.d.comb += [iw_n.eq(iw + J.sw), in_w_n.eq((iw >= j_nsw) & (iw < j_wms))]
+                m.d.sync += [c_ow.eq(c_ow - 1), a_px.eq(a_px + J.step_ow),
+                             iw.eq(iw + J.sw), iwr.eq(iwr + J.sw)]
             with m.Elif(~last_oh):
                 m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(c_oh - 1),
                              a_px.eq(row_nx), row_nx.eq(row_nx + J.step_oh),
-                             ih_nx.eq(ih_nx + J.sh)]
-                m.d.comb += [ih_n.eq(ih_nx), iw_n.eq(iw_k),
-                             in_h_n.eq(in_range(ih_nx, J.hin)), in_w_n.eq(in_range(iw_k, J.win))]
+                             ih_nx.eq(ih_nx + J.sh), ihr_nx.eq(ihr_nx + J.sh),
+                             ih.eq(ih_nx), ihr.eq(ihr_nx), iw.eq(iw_k), iwr.eq(iwr_k)]
             with m.Else():
                 # next K tile (cb, else kw, else kh)
                 m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(J.oh_m2), tile_first.eq(1),
                              a_cb.eq(tile_nx), a_px.eq(tile_nx), row_nx.eq(tile_nx + J.step_oh),
-                             ih_k.eq(ihk_nx), iw_k.eq(iwk_nx),
-                             ih_nx.eq(ihk_nx + J.sh)]
-                m.d.comb += [ih_n.eq(ihk_nx), iw_n.eq(iwk_nx),
-                             in_h_n.eq(in_range(ihk_nx, J.hin)), in_w_n.eq(in_range(iwk_nx, J.win))]
+                             ih_k.eq(ihk_nx), iw_k.eq(iwk_nx), ihr_k.eq(ihkr_nx), iwr_k.eq(iwkr_nx),
+                             ih_nx.eq(ihk_nx + J.sh), ihr_nx.eq(ihkr_nx + J.sh),
+                             ih.eq(ihk_nx), iw.eq(iwk_nx), ihr.eq(ihkr_nx), iwr.eq(iwkr_nx)]
                 with m.If(~last_cb):
                     m.d.sync += c_cb.eq(c_cb - 1)
                 with m.Elif(~last_kw):
