@@ -460,7 +460,11 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, use_cache=Tru
     harness = board.family == "ice40"
     text, module, h = elaborate(cfg, top, harness=harness, family=board.family)
     freq = float(cfg.clock_mhz)
-    key = _key(text, board, top, freq, seed, versions)
+    # developer knob: extra nextpnr options (e.g. ``--detailed-timing-report``, read by
+    # ``scripts/long_nets.py``); part of the cache key
+    extra = os.environ.get("DNNFAB_NEXTPNR_ARGS", "").split()
+    key = _key(text, board, top, freq, seed, versions) + ("_" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:6]
+                                                         if extra else "")
     work = cache_dir() / board.id / f"{top}_{cfg.rows}x{cfg.cols}_{key}"
     result_path = work / "result.json"
     if use_cache and result_path.exists():
@@ -505,7 +509,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, use_cache=Tru
                          f"exceed the device; place and route skipped")
         else:
             step(f"{_PNR[board.family]} place & route @ {freq:g} MHz")
-            _run_tool(_PNR[board.family], _nextpnr_args(board, freq, seed=seed), work, "nextpnr.log")
+            _run_tool(_PNR[board.family], _nextpnr_args(board, freq, seed=seed) + extra, work, "nextpnr.log")
             report = json.loads((work / "report.json").read_text())
             pnr = _pnr_resources(board.family, report.get("utilization", {}))
             clocks = report.get("fmax", {})

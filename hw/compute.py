@@ -46,6 +46,12 @@ __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
 AUX_LANE_BITS = 64   # bias (32) | m (16) | n (8) | reserved (8)
 
 
+def _below_after(cnt, inc, dec, limit):
+    """``cnt + inc - dec < limit``, with ``dec`` (a late signal: the array taking a row)
+    selecting between the two compares, which depend on registers only."""
+    return Mux(dec, cnt + inc - 1 < limit, cnt + inc < limit)
+
+
 def aux_layout(cfg):
     lane = data.StructLayout({"bias": signed(32), "m": unsigned(16), "n": unsigned(8), "rsv": unsigned(8)})
     return data.ArrayLayout(lane, cfg.cols)
@@ -264,7 +270,7 @@ class ComputeEngine(wiring.Component):
         w_pop = Signal()
         m.d.comb += w_pop.eq(wfifo.r_rdy & wfifo.r_en)
         w_cnt_next = w_cnt + w_issue - w_pop
-        m.d.sync += [w_cnt.eq(w_cnt_next), w_cred.eq(w_cnt_next < WD)]
+        m.d.sync += [w_cnt.eq(w_cnt_next), w_cred.eq(_below_after(w_cnt, w_issue, w_pop, WD))]
         m.d.sync += [w_rd[0].eq(w_issue), w_data2.eq(self.wgt_rd_data)]
         m.d.sync += [w_rd[i + 1].eq(w_rd[i]) for i in range(SP_READ_LATENCY)]
         m.d.comb += [wfifo.w_en.eq(w_rd[-1]), wfifo.w_data.eq(w_data2)]
@@ -397,7 +403,7 @@ class ComputeEngine(wiring.Component):
         m.d.sync += a_cnt.eq(a_cnt_next)
         # (``started`` is set by a job start and cleared by the job's last issue; its next
         # value also feeds ``a_issue_r``)
-        m.d.comb += [cred_nx.eq(a_cnt_next < AD),
+        m.d.comb += [cred_nx.eq(_below_after(a_cnt, a_issue, a_pop, AD)),
                      started_nx.eq(a_start | (started & ~a_job_done))]
         m.d.sync += started.eq(started_nx)
         # read (scratchpad: request register, block RAM, its output register), then the
