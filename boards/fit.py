@@ -6,8 +6,8 @@ block by block, instead of scaling a reference design:
 
 * **systolic array** (hw/systolic.py, hw/pe.py): per PE the activation, two weight
   registers (shadow/active) and the product register; the partial-sum register has the
-  width yosys keeps after ``wreduce``/``opt_merge``: ``P = in+w`` bits in row 0,
-  ``P+1`` in row 1 and ``acc_bits`` below (observed, exact on ECP5/iCE40); the ``first``
+  exact width of its row's sum (:func:`dnnfab.hw.systolic.psum_bits`: ``P = in+w``
+  bits in row 0, ``P+1`` in rows 1-2, ... 19 bits for 8 int8 products); the ``first``
   flags of all PEs with equal delay merge into ``R+C-1`` registers; skew
   ``in * R(R+1)/2``, deskew ``acc * C(C-1)/2``, valid/tag lines ``(R+C+2)(1+tag)``.
   One hard multiplier per PE (8x8 fits MULT18X18D, SB_MAC16 and DSP48E1). On 7-series,
@@ -40,6 +40,7 @@ from . import get_board, Board
 from ..errors import FitError, ConfigError
 from ..hw.config import AcceleratorConfig
 from ..hw.scratchpad import dp16kd_blocks
+from ..hw.systolic import psum_bits
 
 __all__ = ["estimate", "check_fit", "autosize", "fit_report", "max_array", "TOLERANCE",
            "UTILISATION_LIMIT", "target_top", "memory_blocks"]
@@ -96,7 +97,7 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
     R, C = cfg.rows, cfg.cols
     I, W, A = cfg.input_bits, cfg.weight_bits, cfg.acc_bits
     P = I + W
-    e = [min(A, P) if r == 0 else min(A, P + 1) if r == 1 else A for r in range(R)]
+    e = [psum_bits(cfg, r + 1) for r in range(R)]      # partial-sum width of each row
     L = R + C + 2
     ctrl_ff = 2 + _clog2(R + C + 1) + _clog2(R)   # shadow_full, registered wgt.ready, drain, wrow
     common_ff = (I * R * (R + 1) // 2          # skew
@@ -112,10 +113,10 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
         # the last column's a_out is then unused); on iCE40 yosys packs them into the
         # SB_MAC16 since they have no reset (``dreg``; measured 2x2: 209 FF + harness)
         ff -= R * C * (P + W) + R * I
-        # partial-sum adders: row 1 is P+1 wide, then widening to acc_bits (fitted)
-        add_bits = C * sum(min(A, P + 1 + 4 * (r - 1)) for r in range(1, R))
+        # partial-sum adders (rows 1..R-1), each as wide as its row's sum
+        add_bits = C * sum(e[1:])
         if family == "ecp5":
-            lut = 2 * C * sum(math.ceil(min(A, P + 1 + 4 * (r - 1)) / 2) for r in range(1, R))
+            lut = 2 * C * sum(math.ceil(b / 2) for b in e[1:])
             lut += 25 + 2 * (R + C) + 2 * R * C // 8
             lut += 4 * C * (R - 1)   # nextpnr adds carry feed-in/out cells to each chain
         else:

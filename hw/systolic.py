@@ -52,6 +52,21 @@ def out_layout(cfg: AcceleratorConfig, tag_bits=0):
     return data.StructLayout(fields)
 
 
+def psum_bits(cfg: AcceleratorConfig, n):
+    """Width of a partial sum of ``n`` products: the exact range of ``n`` signed
+    ``input_bits x weight_bits`` products (e.g. int8: 16 bits for one, 17 for two or
+    three, 19 for eight), at most ``acc_bits``. Row ``r`` of the array carries ``r + 1``
+    products: narrower adders and partial-sum wires than ``acc_bits`` everywhere, with
+    the same values (a sum of that many products cannot leave the range)."""
+    a, w = 1 << (cfg.input_bits - 1), 1 << (cfg.weight_bits - 1)
+    hi = n * a * w
+    lo = -n * max(a * (w - 1), (a - 1) * w)
+    bits = 1
+    while not (-(1 << (bits - 1)) <= lo and hi < (1 << (bits - 1))):
+        bits += 1
+    return min(bits, cfg.acc_bits)
+
+
 def latency(rows, cols):
     """Cycles from an ``act`` transfer to the matching ``out`` beat (no stalls)."""
     return rows + cols + 2
@@ -178,7 +193,7 @@ class SystolicArray(wiring.Component):
         pes = [[None] * C for _ in range(R)]
         for r in range(R):
             for c in range(C):
-                pe = ProcessingElement(cfg.input_bits, cfg.weight_bits, cfg.acc_bits)
+                pe = ProcessingElement(cfg.input_bits, cfg.weight_bits, psum_bits(cfg, r + 1))
                 m.submodules[f"pe_{r}_{c}"] = pe
                 pes[r][c] = pe
                 m.d.comb += [
@@ -200,7 +215,7 @@ class SystolicArray(wiring.Component):
         for c in range(C):
             prev = pes[R - 1][c].psum_out
             for i in range(C - 1 - c):
-                d = dreg(signed(cfg.acc_bits), name=f"deskew_{c}_{i}")
+                d = dreg(signed(psum_bits(cfg, R)), name=f"deskew_{c}_{i}")
                 with m.If(en):
                     m.d.sync += d.eq(prev)
                 prev = d

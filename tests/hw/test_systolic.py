@@ -114,9 +114,13 @@ def random_tiles(rng, rows, cols, npx_list):
         a = rng.integers(-128, 128, size=(npx, rows))
         w = rng.integers(-128, 128, size=(rows, cols))
         tiles.append((a, w))
-    # extremes in the first tile
+    # extremes in the first tile: the largest (-128 * -128 down a whole column) and the
+    # smallest (127 * -128) partial sums, which set the array's partial-sum widths
     tiles[0][0][0, :] = -128
     tiles[0][1][:, 0] = -128
+    if tiles[0][0].shape[0] > 1 and cols > 1:
+        tiles[0][0][1, :] = 127
+        tiles[0][1][:, 1] = -128
     return tiles
 
 
