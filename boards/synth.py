@@ -461,7 +461,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, use_cache=Tru
     text, module, h = elaborate(cfg, top, harness=harness, family=board.family)
     freq = float(cfg.clock_mhz)
     # developer knob: extra nextpnr options (e.g. ``--detailed-timing-report``, read by
-    # ``scripts/long_nets.py``); part of the cache key
+    # ``scripts/late_endpoints.py``); part of the cache key
     extra = os.environ.get("DNNFAB_NEXTPNR_ARGS", "").split()
     key = _key(text, board, top, freq, seed, versions) + ("_" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:6]
                                                          if extra else "")

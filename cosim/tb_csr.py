@@ -194,5 +194,8 @@ async def registers(dut):
     assert list(got) == [r["reset"] for r in consts]
     writes = [(r, b.rng.getrandbits(32) & mask(r)) for r in rws]
     await gather(*[b.write(r["offset"], v) for r, v in writes])
+    # (a write lands on the port the cycle after the master sees its B response: before
+    # any read it can issue, as the bus read-backs above check)
+    await RisingEdge(dut.clk)
     for r, v in writes:
         assert int(b.port(r["name"]).value) == v, r["name"]

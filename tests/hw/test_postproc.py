@@ -23,6 +23,16 @@ def test_requantizer_matches_reference():
         lo = int(rng.choice([-128, zy, int(rng.integers(-128, 0))]))
         hi = int(rng.choice([127, int(rng.integers(max(lo, 0), 128))]))
         vectors.append((acc, mm, n, zy, lo, hi, i % 32))
+    # results just past a power of two (2^10 .. 2^23, either sign), for every n % 8: the
+    # requantizer saturates to 11 bits before the clamp, checking the high bits in two
+    # parts around its shifter; a value misjudged as in range would wrap to a small one
+    for i in range(300):
+        mm = rng.integers(1 << 14, 1 << 16, size=lanes)
+        n = rng.integers(1, 40, size=lanes)
+        k = rng.integers(10, 24, size=lanes).astype(object)
+        t = (rng.choice([-1, 1], size=lanes) * ((1 << k) + rng.integers(-2, 3, size=lanes))).astype(object)
+        acc = np.clip((t << n.astype(object)) // mm.astype(object), -(1 << 31), (1 << 31) - 1).astype(np.int64)
+        vectors.append((acc, mm, n, int(rng.integers(-128, 128)), -128, 127, i % 32))
     got = []
 
     async def bench(ctx):
