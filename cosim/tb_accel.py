@@ -177,8 +177,10 @@ async def layers(dut):
         assert counters["DMA_RD_BYTES"] == expected_rd_bytes(prog, cfg), (counters["DMA_RD_BYTES"], expected_rd_bytes(prog, cfg))
         st_bytes = sum(i.len0 * i.n1 * i.n2 for i in prog.insns if type(i).__name__ == "Store") * cfg.bus_bytes
         assert counters["DMA_WR_BYTES"] == st_bytes
-        # CYCLES counts START..DONE; the testbench sees the interrupt one or two cycles later
-        assert 0 <= cycles - counters["CYCLES"] <= 3, (cycles, counters["CYCLES"])
+        # CYCLES counts the controller's run (its registered start acts two cycles after the
+        # CTRL write's B response: the CSR bank applies writes a cycle later) up to DONE;
+        # the testbench sees the interrupt one or two cycles after that
+        assert 2 <= cycles - counters["CYCLES"] <= 5, (cycles, counters["CYCLES"])
         report.append({"layer": s, "cycles": counters["CYCLES"], "macs": layer.macs, "hw_macs": prog.hw_macs,
                        "counters": counters, "tb_cycles": cycles, "wall_s": wall, "bit_exact": True})
         await host.wr("IRQ_STATUS", 3)

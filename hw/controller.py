@@ -26,9 +26,11 @@ Fmax: ``rd_cmd``, ``wr_cmd`` and ``cinsn`` are registers (no combinational path 
 queues and the DMA / compute engine; a register takes a new command only when empty, the
 consumers never accept two in consecutive cycles); each engine first moves its queue's
 head into a head register; the fetch decision, FIFO flags and token availability are
-registered. Cycle cost against a purely combinational controller: the first fetch command
-two cycles later after ``start`` (``START_LATENCY`` in the fast model), and a command two
-cycles later through an empty queue (queue write, head register, command register).
+registered, and so are ``start`` and copies of ``prog_base``/``prog_len``. Cycle cost
+against a purely combinational controller: the first fetch command three cycles later
+after ``start`` (with the CSR bank's registered write: ``START_LATENCY`` in the fast model),
+and a command two cycles later through an empty queue (queue write, head register,
+command register).
 """
 
 from amaranth.hdl import Signal, Module, Const, Cat, Mux, unsigned
@@ -356,8 +358,21 @@ class Controller(wiring.Component):
         # ----------------------------------------------------------- run control
         # ``all_dispatched`` is registered (a 32-bit compare); it only matters once the
         # queues have drained, long after the last dispatch.
+        # The program registers and the start pulse come from the CSR bank, which sits
+        # apart from this block: they are registered here first, and what the start loads
+        # is precomputed from the copies (PROG_BASE / PROG_LEN are written over AXI-Lite
+        # well before START, so the copies have settled by then). Start therefore acts one
+        # cycle after the CTRL write lands.
+        start = Signal()
+        prog_len = dreg(32, name="prog_len_q")
+        prog_base = dreg(32, name="prog_base_q")
+        len_nz = dreg(name="prog_len_nz")
+        len_n = dreg(range(FETCH_CHUNK + 1), name="prog_len_n")
+        m.d.sync += [start.eq(self.start), prog_len.eq(self.prog_len), prog_base.eq(self.prog_base),
+                     len_nz.eq(prog_len != 0),
+                     len_n.eq(Mux(prog_len[_CHUNK_LOG2:].any(), FETCH_CHUNK, prog_len[:4]))]
         all_dispatched = Signal()
-        m.d.sync += all_dispatched.eq(dispatched == self.prog_len)
+        m.d.sync += all_dispatched.eq(dispatched == prog_len)
         # ``all_idle`` is registered too (done follows one cycle later): once true within a
         # run it stays true (everything dispatched, nothing in flight); a start clears it
         all_idle = Signal()
@@ -367,12 +382,11 @@ class Controller(wiring.Component):
                                 & ~rd_pending.r_rdy & ~wr_pending.r_rdy & ~rdp_we & ~wrp_we
                                 & ~self.rd_cmd.valid & ~self.wr_cmd.valid & ~self.cinsn.valid
                                 & self.c_idle & ~self.dma_busy)
-        with m.If(self.start & ~running):
+        with m.If(start & ~running):
             m.d.sync += [running.eq(1), self.done.eq(0), dispatched.eq(0), all_dispatched.eq(0),
                          all_idle.eq(0),
-                         remaining.eq(self.prog_len), fetch_addr.eq(self.prog_base),
-                         fetch_n.eq(Mux(self.prog_len[_CHUNK_LOG2:].any(), FETCH_CHUNK, self.prog_len[:4])),
-                         rem_nz.eq(self.prog_len != 0),
+                         remaining.eq(prog_len), fetch_addr.eq(prog_base),
+                         fetch_n.eq(len_n), rem_nz.eq(len_nz),
                          stopped.eq(0), self.error.eq(0), self.error_code.eq(0), self.error_info.eq(0)]
         with m.Elif(running):
             with m.If(~stopped & illegal):

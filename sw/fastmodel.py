@@ -167,7 +167,7 @@ class CycleReport:
 
 # Pipeline constants of the RTL (cycles); calibrated against RTL measurements in the
 # tests (tests/cosim/test_accel_layers.py asserts the estimate within a tolerance).
-START_LATENCY = 6          # CTRL write -> first fetch request (registered fetch decision + rd_cmd)
+START_LATENCY = 8          # CTRL write -> first fetch request (registered CSR write, start, fetch decision + rd_cmd)
 FETCH_LATENCY = 13         # AR -> instructions in the queue
 DMA_READ_LATENCY = 7       # AR -> first beat in a scratchpad (AXI RAM model)
 DMA_WRITE_LATENCY = 10     # last W beat -> B response (incl. the scratchpad read)
