@@ -104,6 +104,7 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
                  + (R + C - 1)                 # merged `first` flags
                  + e[-1] * C * (C - 1) // 2    # deskew
                  + L * (1 + tag_bits)          # valid / tag lines
+                 + C * W + R                   # registered weight row, per-row write enables
                  + ctrl_ff)
     dsp = R * C * _mults(family, I, W)
     if family in ("ecp5", "ice40"):

@@ -167,8 +167,12 @@ class ComputeEngine(wiring.Component):
                             & flag_q.w_rdy)
         m.d.comb += self.insn.ready.eq(dstate == 0)
         with m.If(dstate == 0):
+            # (the instruction register loads every idle cycle, offered or not: its ~200
+            # clock enables then come from the state register here, not from the
+            # controller's ``valid`` across the die; only the state waits for it)
+            m.d.sync += insn.eq(self.insn.payload)
             with m.If(self.insn.valid):
-                m.d.sync += [insn.eq(self.insn.payload), dstate.eq(1)]
+                m.d.sync += dstate.eq(1)
         with m.Elif(dstate == 6):
             with m.If(room):
                 m.d.sync += dstate.eq(0)
@@ -369,7 +373,8 @@ class ComputeEngine(wiring.Component):
             iwk_nx.eq(Mux(~last_cb, iw_k, Mux(~last_kw, iw_k + J.dw, J.npl))),
             iwkr_nx.eq(Mux(~last_cb, iwr_k, Mux(~last_kw, iwr_k + J.dw, J.npl_r))),
         ]
-        m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & tile_jump & J.one_px))
+        # (a one-pixel job's every issue is a K-tile jump: its ow/oh counters stay at -1)
+        m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & J.one_px))
         with m.If(a_start):
             # first pixel of the first K tile of a new job
             m.d.sync += [J.eq(aj), tile_first.eq(1),
@@ -451,7 +456,9 @@ class ComputeEngine(wiring.Component):
         m.d.comb += resolve.eq((a_ahead != 0) & (w_ahead != 0))
         m.d.sync += [a_ahead.eq(a_ahead + a_job_done - resolve),
                      w_ahead.eq(w_ahead + w_job_done - resolve)]
-        m.d.comb += [flag_q.r_en.eq(resolve), self.done_read.eq(resolve & flag_q.r_data)]
+        # (registered: the controller's token counter is far away)
+        m.d.comb += flag_q.r_en.eq(resolve)
+        m.d.sync += self.done_read.eq(resolve & flag_q.r_data)
 
         # ------------------------------------------------------------------ back end
         # The current job sits in local registers, loaded from the queue as the previous
@@ -566,11 +573,13 @@ class ComputeEngine(wiring.Component):
         o_we = rq.o_side[16]
         o_end = rq.o_side[17]
         o_push = rq.o_side[18]
+        # (registered: the controller's token counter is far away)
+        m.d.sync += self.done_write.eq(rq.o_valid & o_end & o_push)
         m.d.comb += [
             self.out_wr_en.eq(rq.o_valid & o_we),
             self.out_wr_addr.eq(rq.o_side[:16]),
             self.out_wr_data.eq(rq.o_y),
-            self.done_write.eq(rq.o_valid & o_end & o_push),
+
         ]
 
         # -------------------------------------------------------------------- idle

@@ -167,6 +167,16 @@ class SystolicArray(wiring.Component):
         with m.If(inject):
             m.d.sync += [shadow_full.eq(0), drain.eq(R + C)]
 
+        # the shadow writes land a cycle after the handshake, from registers (the data, and
+        # one enable per row: the row decode and its fan-out to R x C x weight_bits clock
+        # enables spread over the DSP rows were on 7.6 ns paths in the whole design). Safe:
+        # row r switches r + 1 cycles after a `first` beat enters, which needs the full
+        # flag, set as the last row is taken.
+        w_data_q = dreg(self.wgt.p.shape(), name="w_data_q")
+        w_we_q = [Signal(name=f"w_we_q{r}") for r in range(R)]
+        m.d.sync += w_data_q.eq(self.wgt.p)
+        m.d.sync += [w_we_q[r].eq(self.wgt.valid & w_ready & (wrow == r)) for r in range(R)]
+
         # -- input: accept a row; a `first` row needs a complete shadow tile -----------
         m.d.comb += self.act.ready.eq(en & (~self.act.p.first | shadow_full))
         accept = Signal()
@@ -198,8 +208,8 @@ class SystolicArray(wiring.Component):
                 pes[r][c] = pe
                 m.d.comb += [
                     pe.en.eq(en),
-                    pe.w_in.eq(self.wgt.p[c]),
-                    pe.w_we.eq(self.wgt.valid & self.wgt.ready & (wrow == r)),
+                    pe.w_in.eq(w_data_q[c]),
+                    pe.w_we.eq(w_we_q[r]),
                 ]
                 if c == 0:
                     m.d.comb += [pe.a_in.eq(a_edge[r]), pe.f_in.eq(f_edge[r])]
