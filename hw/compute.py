@@ -336,6 +336,13 @@ class ComputeEngine(wiring.Component):
         last_ow, last_oh, last_cb, last_kw, last_kh = c_ow[-1], c_oh[-1], c_cb[-1], c_kw[-1], c_kh[-1]
         tile_jump = Signal()
         m.d.comb += tile_jump.eq(last_ow & last_oh)
+        # which counter the next K-tile jump steps (cb, else kw, else kh; or the job ends),
+        # registered from the tile counters every cycle: one cycle stale after a jump or a
+        # job start, when no jump can follow (a tile of one pixel waits a cycle,
+        # ``blocked_nx``; a longer tile's last pixel is at least two issues away)
+        t_cb, t_kw, t_kh, t_last = Signal(), Signal(), Signal(), Signal()
+        m.d.sync += [t_cb.eq(~last_cb), t_kw.eq(last_cb & ~last_kw),
+                     t_kh.eq(last_cb & last_kw & ~last_kh), t_last.eq(last_cb & last_kw & last_kh)]
         # a_issue = started & (credit) & ~(blocked), a register computed from the next
         # values of the three conditions (it enables most of the feeder's registers: one
         # LUT level and a high-fan-out net less on every path that starts with it)
@@ -402,14 +409,14 @@ class ComputeEngine(wiring.Component):
                              ih_k.eq(ihk_nx), iw_k.eq(iwk_nx), ihr_k.eq(ihkr_nx), iwr_k.eq(iwkr_nx),
                              ih_nx.eq(ihk_nx + J.sh), ihr_nx.eq(ihkr_nx + J.sh),
                              ih.eq(ihk_nx), iw.eq(iwk_nx), ihr.eq(ihkr_nx), iwr.eq(iwkr_nx)]
-                with m.If(~last_cb):
+                with m.If(t_cb):
                     m.d.sync += c_cb.eq(c_cb - 1)
-                with m.Elif(~last_kw):
+                with m.Elif(t_kw):
                     m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(c_kw - 1), a_kw.eq(tile_nx)]
-                with m.Elif(~last_kh):
+                with m.Elif(t_kh):
                     m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(J.kw_m2), c_kh.eq(c_kh - 1),
                                  a_kh.eq(tile_nx), a_kw.eq(tile_nx)]
-        m.d.comb += a_job_done.eq(a_issue & last_ow & last_oh & last_cb & last_kw & last_kh)
+        m.d.comb += a_job_done.eq(a_issue & tile_jump & t_last)
         a_pop = Signal()
         m.d.comb += a_pop.eq(array.act.valid & array.act.ready)
         a_cnt_next = a_cnt + a_issue - a_pop

@@ -25,6 +25,7 @@ from .csr import CSRBank
 from .regmap import accelerator_regmap, COUNTERS, ERR_SP_RANGE
 from .dma import DMA, desc_layout
 from .scratchpad import Scratchpad, dup_reg
+from .pe import dreg
 from .compute import ComputeEngine, AUX_LANE_BITS
 from .controller import Controller
 from .isa import TARGET_ACT, TARGET_WGT, TARGET_INSN, TARGET_AUX, INSN_BITS
@@ -143,13 +144,17 @@ class Accelerator(wiring.Component):
             m.d.comb += [ctrl.fault_code.eq(ERR_SP_RANGE), ctrl.fault_info.eq(0)]
 
         # status, interrupt
-        m.d.comb += csr.status.eq(Cat(ctrl.busy, ctrl.done, ctrl.error, 0, 0, 0, 0, 0, ctrl.error_code))
-        m.d.comb += csr.error_info.eq(ctrl.error_info)
+        # (through registers: the run-control flip-flops then sit by the controller, and
+        # the status bits reach the CSR bank across the die a cycle later, all together)
+        status = Signal(16)
+        error_info = dreg(32, name="error_info_q")
         done_q = Signal()
-        err_q = Signal()
-        m.d.sync += [done_q.eq(ctrl.done), err_q.eq(ctrl.error)]
+        m.d.sync += [status.eq(Cat(ctrl.busy, ctrl.done, ctrl.error, 0, 0, 0, 0, 0, ctrl.error_code)),
+                     error_info.eq(ctrl.error_info), done_q.eq(status[1])]
+        m.d.comb += [csr.status.eq(status), csr.error_info.eq(error_info)]
         # both causes fire when the run has ended (after an error: once the DMA drained)
-        m.d.comb += csr.irq_status_set.eq(Cat(ctrl.done & ~done_q, ctrl.done & ~done_q & ctrl.error))
+        ended = status[1] & ~done_q
+        m.d.comb += csr.irq_status_set.eq(Cat(ended, ended & status[2]))
         m.d.comb += self.irq.eq((csr.irq_status & csr.irq_enable) != 0)
 
         # performance counters (cleared by START)

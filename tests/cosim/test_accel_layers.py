@@ -35,6 +35,9 @@ LAYERS_SMALL = [
     dict(cin=21, cout=6, k=1, stride=1, pad=0, hw=[1, 2], seed=8, name="gemm2"),
     # one pixel wide: every pixel starts a new output row (consecutive row jumps)
     dict(cin=5, cout=6, k=3, stride=1, pad=1, hw=[5, 1], seed=9, name="column"),
+    # one pixel, 3x3 padded kernel, two channel blocks: every issue is a K-tile jump, through
+    # cb, kw and kh in turn, mostly into the padding
+    dict(cin=6, cout=5, k=3, stride=1, pad=1, hw=[1, 1], seed=10, name="pixel3x3"),
 ]
 LAYERS_8 = [
     dict(cin=3, cout=10, k=3, stride=1, pad=1, hw=[12, 10], seed=11),
