@@ -132,8 +132,9 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
 
 #: Measured cost of one requantizer lane (hw/postproc.py), beyond its multipliers.
 #: ECP5 FF refitted after pipelining the requantizer and accumulator (8x8 accelerator,
-#: 14529 FFs measured 2026-11-29); iCE40/xc7 still carry the first-pass figures.
-_RQ_LANE = {"ecp5": {"lut": 627, "ff": 536}, "ice40": {"lut": 533, "ff": 249},
+#: 14529 FFs measured 2026-11-29), +42 for the per-lane copies of the clamp scalars
+#: (``dup_reg``, ECP5 only); iCE40/xc7 still carry the first-pass figures.
+_RQ_LANE = {"ecp5": {"lut": 627, "ff": 578}, "ice40": {"lut": 533, "ff": 249},
             "xc7": {"lut": 372, "ff": 218}}
 
 #: Block RAM geometries (depth, width, byte-enable slot width or 0).
@@ -209,8 +210,10 @@ def _ram_blocks(family, width, depth, granularity=None):
 #: (bus 128); the DSPs are the compute engine's address multipliers. See docs/boards.md.
 _GLUE = {
     # FF terms refitted 2026-11-30 to yosys counts of 4x4 (bus 64 and 128) and 8x8 (bus
-    # 128) after the scratchpad/feeder pipelining: 10541, 10597, 16806; 10 DSPs (decode)
-    "ecp5": (5362, 6365, 6, 0.72, 70, 238, 10),
+    # 128) after the scratchpad/feeder pipelining: 10541, 10597, 16806; 10 DSPs (decode).
+    # Constant +1073 after the fifth timing round (registered CSR writes, controller
+    # copies, feeder edge twins and job register, status copies): 4x4 12138, 8x8 18021
+    "ecp5": (5362, 7438, 6, 0.72, 70, 238, 10),
     "ice40": (5362, 3384, 6, 6, 70, 143, 14),
     "xc7": (1925, 2333, 4, 6, 297, 220, 13),
 }
