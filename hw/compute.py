@@ -461,7 +461,9 @@ class ComputeEngine(wiring.Component):
         a_ahead = Signal(3); w_ahead = Signal(3)
         resolve = Signal()
         m.d.comb += resolve.eq((a_ahead != 0) & (w_ahead != 0))
-        m.d.sync += [a_ahead.eq(a_ahead + a_job_done - resolve),
+        a_done_q = Signal()       # (registered: a_job_done is the feeder's deepest signal)
+        m.d.sync += a_done_q.eq(a_job_done)
+        m.d.sync += [a_ahead.eq(a_ahead + a_done_q - resolve),
                      w_ahead.eq(w_ahead + w_job_done - resolve)]
         # (registered: the controller's token counter is far away)
         m.d.comb += flag_q.r_en.eq(resolve)
@@ -480,8 +482,13 @@ class ComputeEngine(wiring.Component):
         bj_valid = Signal()
         p_left = Signal(signed(25)); kt_left = Signal(signed(15)); kt_first = Signal()
         acc_addr = Signal(16); out_addr = Signal(16)
+        # the array's output is registered on its way in (valid and sums): every back-end
+        # path then starts at a flip-flop here, not at the far end of the array (the
+        # back end's counters were on 8-9 ns paths from its valid line)
         beat = Signal()
-        m.d.comb += [beat.eq(array.out.valid), array.out.ready.eq(1)]
+        out_q = dreg(array.out.payload.data.shape(), name="out_q")
+        m.d.comb += array.out.ready.eq(1)
+        m.d.sync += [beat.eq(array.out.valid), out_q.eq(array.out.payload.data)]
         last_p = p_left[-1]
         last_kt = kt_left[-1]
         job_end = Signal()
@@ -515,7 +522,7 @@ class ComputeEngine(wiring.Component):
             b_end.eq(job_end),
             b_addr.eq(acc_addr),
             b_out.eq(out_addr),
-            b_psum.eq(array.out.payload.data),
+            b_psum.eq(out_q),
         ]
         # The payload queue's head is the job of the beat in stage B: it is popped in the
         # cycle after a job's last beat left stage A, i.e. while that beat is in stage B.
@@ -601,5 +608,6 @@ class ComputeEngine(wiring.Component):
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
                                  & ~afifo.r_rdy & ~h_valid & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)
-                                 & ~array.busy & ~b_valid & (pipe == 0) & (a_ahead == 0) & (w_ahead == 0))
+                                 & ~array.busy & ~beat & ~b_valid & (pipe == 0) & ~a_done_q
+                                 & (a_ahead == 0) & (w_ahead == 0))
         return m

@@ -173,7 +173,7 @@ DMA_READ_LATENCY = 7       # AR -> first beat in a scratchpad (AXI RAM model)
 DMA_WRITE_LATENCY = 10     # last W beat -> B response (incl. the scratchpad read)
 DECODE_LATENCY = 11        # COMPUTE dequeued -> job in the feeders (incl. the cinsn and job-head registers)
 FEED_LATENCY = 9           # feeder read -> array input (incl. the FIFO head register)
-BACKEND_LATENCY = 5 + RQ_LATENCY
+BACKEND_LATENCY = 6 + RQ_LATENCY   # (incl. the back end's input register)
 
 
 def estimate_cycles(prog) -> CycleReport:
