@@ -133,7 +133,7 @@ class ComputeEngine(wiring.Component):
             "ow_m2": signed(13),
             "sh": 3, "sw": 3, "dh": 3, "dw": 3,
             "npt": signed(14), "npl": signed(14), "ih1": signed(14),
-            "npt_r": signed(14), "npl_r": signed(14), "ih1_r": signed(14), "row1": signed(A), "one_px": 1,
+            "npt_r": signed(14), "npl_r": signed(14), "ih1_r": signed(14), "row1": signed(A), "one_px": 1, "px_le2": 1,
             "zx": 8, "addr0": signed(A), "step_ow": A, "step_oh": A, "step_kw": A, "step_kh": A,
         })
         wgt_job_layout = data.StructLayout({"w_base": 16, "rows_m2": signed(25)})
@@ -231,6 +231,7 @@ class ComputeEngine(wiring.Component):
             aj_w.npt_r.eq(-insn.pt - insn.hin), aj_w.npl_r.eq(-insn.pl - insn.win),
             aj_w.ih1_r.eq(insn.sh - insn.pt - insn.hin),
             aj_w.one_px.eq((insn.oh_n == 1) & (insn.ow_n == 1)),
+            aj_w.px_le2.eq(((insn.oh_n == 1) & (insn.ow_n <= 2)) | ((insn.ow_n == 1) & (insn.oh_n <= 2))),
             aj_w.addr0.eq(addr0),
             aj_w.step_ow.eq(step_ow),
             aj_w.step_oh.eq(step_oh),
@@ -296,9 +297,9 @@ class ComputeEngine(wiring.Component):
         # (``row_nx``, stepped by itself on consecutive rows) and the next K tile's
         # (``tile_nx``, recomputed every cycle from the current tile's registers), so a
         # new address is at most one add and a mux on registered selects. A K-tile jump
-        # right after another (1-pixel tiles, where the array is limited by the weight
-        # preload, ``min_tile_rows`` cycles per tile, anyway) waits one cycle for
-        # ``tile_nx``.
+        # within two cycles of another (tiles of one or two pixels, where the array is
+        # limited by the weight preload, ``min_tile_rows`` cycles per tile, anyway) waits
+        # for ``tile_nx`` (see ``jump_q``).
         AD = 13
         # the next job, registered out of the queue's distributed RAM (whose asynchronous
         # read would otherwise sit at the start of every path from a job start: the
@@ -319,9 +320,9 @@ class ComputeEngine(wiring.Component):
         ih_nx = Signal(signed(14)); ihk_nx = Signal(signed(14)); iwk_nx = Signal(signed(14))
         tile_first = Signal()
         started = Signal()
-        # tile_nx is stale in the cycle after a K-tile jump (or a job start): with 1-pixel
-        # tiles (a job constant) the next pixel is another jump and waits one cycle
-        # (``blocked_nx``: the next cycle is such a wait)
+        # tile_nx is stale for two cycles after a K-tile jump and one after a job start:
+        # with tiles of one or two pixels (job constants) the next jump would come sooner
+        # and waits (``blocked_nx``: the next cycle is such a wait)
         a_cnt = Signal(range(AD + 1))
         # per read in flight: issued, padding, first of its K tile, zero point (the next
         # job may be in J by the time the data comes)
@@ -337,9 +338,10 @@ class ComputeEngine(wiring.Component):
         tile_jump = Signal()
         m.d.comb += tile_jump.eq(last_ow & last_oh)
         # which counter the next K-tile jump steps (cb, else kw, else kh; or the job ends),
-        # registered from the tile counters every cycle: one cycle stale after a jump or a
-        # job start, when no jump can follow (a tile of one pixel waits a cycle,
-        # ``blocked_nx``; a longer tile's last pixel is at least two issues away)
+        # registered from the tile counters every cycle: stale for two cycles after a jump
+        # (the counters step a cycle late, ``jump_q``) and one after a job start, when no
+        # jump can follow (tiles of one or two pixels wait, ``blocked_nx``; a longer
+        # tile's last pixel is at least three issues away)
         t_cb, t_kw, t_kh, t_last = Signal(), Signal(), Signal(), Signal()
         m.d.sync += [t_cb.eq(~last_cb), t_kw.eq(last_cb & ~last_kw),
                      t_kh.eq(last_cb & last_kw & ~last_kh), t_last.eq(last_cb & last_kw & last_kh)]
@@ -380,8 +382,12 @@ class ComputeEngine(wiring.Component):
             iwk_nx.eq(Mux(~last_cb, iw_k, Mux(~last_kw, iw_k + J.dw, J.npl))),
             iwkr_nx.eq(Mux(~last_cb, iwr_k, Mux(~last_kw, iwr_k + J.dw, J.npl_r))),
         ]
-        # (a one-pixel job's every issue is a K-tile jump: its ow/oh counters stay at -1)
-        m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & J.one_px))
+        # (a one-pixel job's every issue is a K-tile jump: its ow/oh counters stay at -1;
+        # after a jump, a tile of one or two pixels also waits in the second cycle: see
+        # ``jump_q`` below)
+        jumped = Signal()
+        m.d.sync += jumped.eq(a_issue & tile_jump)
+        m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & J.one_px) | (jumped & J.px_le2))
         with m.If(a_start):
             # first pixel of the first K tile of a new job
             m.d.sync += [J.eq(aj), tile_first.eq(1),
@@ -405,17 +411,29 @@ class ComputeEngine(wiring.Component):
             with m.Else():
                 # next K tile (cb, else kw, else kh)
                 m.d.sync += [c_ow.eq(J.ow_m2), c_oh.eq(J.oh_m2), tile_first.eq(1),
-                             a_cb.eq(tile_nx), a_px.eq(tile_nx), row_nx.eq(tile_nx + J.step_oh),
+                             a_px.eq(tile_nx), row_nx.eq(tile_nx + J.step_oh),
                              ih_k.eq(ihk_nx), iw_k.eq(iwk_nx), ihr_k.eq(ihkr_nx), iwr_k.eq(iwkr_nx),
                              ih_nx.eq(ihk_nx + J.sh), ihr_nx.eq(ihkr_nx + J.sh),
                              ih.eq(ihk_nx), iw.eq(iwk_nx), ihr.eq(ihkr_nx), iwr.eq(iwkr_nx)]
-                with m.If(t_cb):
-                    m.d.sync += c_cb.eq(c_cb - 1)
-                with m.Elif(t_kw):
-                    m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(c_kw - 1), a_kw.eq(tile_nx)]
-                with m.Elif(t_kh):
-                    m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(J.kw_m2), c_kh.eq(c_kh - 1),
-                                 a_kh.eq(tile_nx), a_kw.eq(tile_nx)]
+        # The K-tile counters and addresses (cb, kw, kh: only ``tile_nx``/``*k_nx`` and the
+        # step selects read them) step a cycle after the jump, from a registered pulse: the
+        # issue decision's high fan-out net no longer reaches them (a_issue_r -> c_kw was
+        # the whole design's worst path, 9.9 ns with 7.7 of routing). What they feed is
+        # then valid three cycles after a jump, so a tile of at most two pixels waits
+        # (``blocked_nx``); such tiles are bound by the weight preload, ``min_tile_rows``
+        # >= 5 cycles per tile, anyway. (A job's last jump needs no step: the next start
+        # loads them.)
+        jump_q = Signal()
+        m.d.sync += jump_q.eq(a_issue & tile_jump & ~t_last)
+        with m.If(jump_q):
+            m.d.sync += a_cb.eq(tile_nx)
+            with m.If(t_cb):
+                m.d.sync += c_cb.eq(c_cb - 1)
+            with m.Elif(t_kw):
+                m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(c_kw - 1), a_kw.eq(tile_nx)]
+            with m.Elif(t_kh):
+                m.d.sync += [c_cb.eq(J.cb_m2), c_kw.eq(J.kw_m2), c_kh.eq(c_kh - 1),
+                             a_kh.eq(tile_nx), a_kw.eq(tile_nx)]
         m.d.comb += a_job_done.eq(a_issue & tile_jump & t_last)
         a_pop = Signal()
         m.d.comb += a_pop.eq(array.act.valid & array.act.ready)
