@@ -241,6 +241,7 @@ def estimate(cfg: AcceleratorConfig, board, top=None):
         est["dsp"] += C * _mults(fam, cfg.acc_bits, 17)
         est["lut"] += C * rq["lut"]
         est["ff"] += C * rq["ff"]
+        est["ff"] += C * psum_bits(cfg, cfg.rows) + 3   # back end's input register, feeder pulses
         bram, lut, ff = _scratchpads(cfg, fam)
         gl, gf, gl_bus, gf_bus, gl_lane, gf_lane, gdsp = _GLUE[fam]
         lanes = (cfg.rows + cfg.cols) / 2
