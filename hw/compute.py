@@ -385,9 +385,8 @@ class ComputeEngine(wiring.Component):
         # (a one-pixel job's every issue is a K-tile jump: its ow/oh counters stay at -1;
         # after a jump, a tile of one or two pixels also waits in the second cycle: see
         # ``jump_q`` below)
-        jumped = Signal()
-        m.d.sync += jumped.eq(a_issue & tile_jump)
-        m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & J.one_px) | (jumped & J.px_le2))
+        jump_q = Signal()         # a jump within the job happened last cycle (see below)
+        m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & J.one_px) | (jump_q & J.px_le2))
         with m.If(a_start):
             # first pixel of the first K tile of a new job
             m.d.sync += [J.eq(aj), tile_first.eq(1),
@@ -423,7 +422,6 @@ class ComputeEngine(wiring.Component):
         # (``blocked_nx``); such tiles are bound by the weight preload, ``min_tile_rows``
         # >= 5 cycles per tile, anyway. (A job's last jump needs no step: the next start
         # loads them.)
-        jump_q = Signal()
         m.d.sync += jump_q.eq(a_issue & tile_jump & ~t_last)
         with m.If(jump_q):
             m.d.sync += a_cb.eq(tile_nx)
