@@ -150,6 +150,10 @@ class Controller(wiring.Component):
         # most every third cycle (a chunk is 8 instructions = 8 * bpi beats, far apart).
         # Room (``free``) only grows between two fetches, so a one-cycle-old room check is
         # safe.
+        def chunk(n):
+            """min(n, FETCH_CHUNK): the instructions the next fetch asks for."""
+            return Mux(n[_CHUNK_LOG2:].any(), FETCH_CHUNK, n[:_CHUNK_LOG2])
+
         remaining = Signal(32)      # instructions not yet requested
         # beat FIFO slots neither filled nor reserved by a fetch in flight
         # (= beat_depth - FIFO level - beats requested but not yet arrived)
@@ -161,7 +165,7 @@ class Controller(wiring.Component):
         fetch_go = Signal()
         fetch_go_d = Signal()
         m.d.sync += [
-            fetch_n.eq(Mux(remaining[_CHUNK_LOG2:].any(), FETCH_CHUNK, remaining[:4])),
+            fetch_n.eq(chunk(remaining)),
             rem_nz.eq(remaining != 0),
             fetch_go_d.eq(fetch_go),
             fetch_want.eq(running & ~stopped & rem_nz & (fetch_n * bpi <= free) & ~fetch_go & ~fetch_go_d),
@@ -370,7 +374,7 @@ class Controller(wiring.Component):
         len_n = dreg(range(FETCH_CHUNK + 1), name="prog_len_n")
         m.d.sync += [start.eq(self.start), prog_len.eq(self.prog_len), prog_base.eq(self.prog_base),
                      len_nz.eq(prog_len != 0),
-                     len_n.eq(Mux(prog_len[_CHUNK_LOG2:].any(), FETCH_CHUNK, prog_len[:4]))]
+                     len_n.eq(chunk(prog_len))]
         all_dispatched = Signal()
         m.d.sync += all_dispatched.eq(dispatched == prog_len)
         # ``all_idle`` is registered too (done follows one cycle later): once true within a

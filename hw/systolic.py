@@ -24,7 +24,7 @@ Backpressure: ``out.ready`` low with ``out.valid`` high freezes the whole pipeli
 global enable); ``act.ready`` drops while frozen.
 """
 
-from amaranth.hdl import Signal, Module, Const, Mux, signed, unsigned
+from amaranth.hdl import Signal, Module, Const, Mux, Shape, signed, unsigned
 from amaranth.lib import wiring, stream, data
 from amaranth.lib.wiring import In, Out
 
@@ -59,11 +59,8 @@ def psum_bits(cfg: AcceleratorConfig, n):
     products: narrower adders and partial-sum wires than ``acc_bits`` everywhere, with
     the same values (a sum of that many products cannot leave the range)."""
     a, w = 1 << (cfg.input_bits - 1), 1 << (cfg.weight_bits - 1)
-    hi = n * a * w
-    lo = -n * max(a * (w - 1), (a - 1) * w)
-    bits = 1
-    while not (-(1 << (bits - 1)) <= lo and hi < (1 << (bits - 1))):
-        bits += 1
+    lo, hi = -n * max(a * (w - 1), (a - 1) * w), n * a * w
+    bits = Shape.cast(range(lo, hi + 1)).width
     return min(bits, cfg.acc_bits)
 
 
