@@ -38,7 +38,7 @@ from .isa import compute_insn_layout
 from .systolic import SystolicArray, min_tile_rows
 from .postproc import Requantizer, LATENCY as RQ_LATENCY
 from .pe import registered_mul, MUL_LATENCY, dreg
-from .scratchpad import RegisteredRAM, RAM_READ_LATENCY, SP_READ_LATENCY
+from .scratchpad import RegisteredRAM, RAM_READ_LATENCY, SP_READ_LATENCY, dup_reg
 from .dma import RegFIFO
 
 __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
@@ -47,9 +47,12 @@ AUX_LANE_BITS = 64   # bias (32) | m (16) | n (8) | reserved (8)
 
 
 def _below_after(cnt, inc, dec, limit):
-    """``cnt + inc - dec < limit``, with ``dec`` (a late signal: the array taking a row)
-    selecting between the two compares, which depend on registers only."""
-    return Mux(dec, cnt + inc - 1 < limit, cnt + inc < limit)
+    """``cnt + inc - dec < limit``, with ``inc`` and ``dec`` (late signals: the issue
+    decision, the array taking a row) selecting among three compares of the register
+    ``cnt`` with constants (no adder sits after either: ``cnt + inc`` put a carry chain
+    into the feeder's issue loop, 7.6 ns)."""
+    lt = cnt < limit
+    return Mux(inc, Mux(dec, lt, cnt < limit - 1), Mux(dec, cnt < limit + 1, lt))
 
 
 def aux_layout(cfg):
@@ -159,31 +162,34 @@ class ComputeEngine(wiring.Component):
         #   products: last adds   6 push
         assert MUL_LATENCY == 2
         insn = Signal(compute_insn_layout())
-        dstate = Signal(range(7))
+        # one-hot (bit k: in state k), so each state's enables are a flip-flop, not a
+        # compare of an encoded state (``dstate == 5`` enabling ~60 flip-flops was a
+        # 7.4 ns path)
+        dstate = Signal(7, init=1)
         # room in every queue, registered: only this decoder pushes, at most once every
         # 7 cycles, so room seen a cycle ago is still there
         room = Signal()
         m.d.sync += room.eq(act_q.fifo.w_rdy & wgt_q.fifo.w_rdy & back_q.fifo.w_rdy & pay_q.fifo.w_rdy
                             & flag_q.w_rdy)
-        m.d.comb += self.insn.ready.eq(dstate == 0)
-        with m.If(dstate == 0):
+        m.d.comb += self.insn.ready.eq(dstate[0])
+        with m.If(dstate[0]):
             # (the instruction register loads every idle cycle, offered or not: its ~200
             # clock enables then come from the state register here, not from the
             # controller's ``valid`` across the die; only the state waits for it)
             m.d.sync += insn.eq(self.insn.payload)
             with m.If(self.insn.valid):
-                m.d.sync += dstate.eq(1)
-        with m.Elif(dstate == 6):
+                m.d.sync += dstate.eq(0b10)
+        with m.Elif(dstate[6]):
             with m.If(room):
-                m.d.sync += dstate.eq(0)
+                m.d.sync += dstate.eq(1)
         with m.Else():
-            m.d.sync += dstate.eq(dstate + 1)
+            m.d.sync += dstate.eq(dstate << 1)
         # (the aux read is issued with the accept, from the offered instruction)
-        m.d.comb += [self.aux_rd_en.eq((dstate == 0) & self.insn.valid),
+        m.d.comb += [self.aux_rd_en.eq(dstate[0] & self.insn.valid),
                      self.aux_rd_addr.eq(self.insn.payload.aux_addr)]
         aux_q = dreg(aux_layout(cfg))
         assert SP_READ_LATENCY < 6
-        with m.If(dstate == SP_READ_LATENCY):
+        with m.If(dstate[SP_READ_LATENCY]):
             m.d.sync += aux_q.eq(self.aux_rd_data)
         # addresses only matter modulo 2^16 (act_rd_addr is 16 bits), so 16-bit factors do
         mul = lambda a, b, name: registered_mul(m, platform, a, b, name)
@@ -200,12 +206,12 @@ class ComputeEngine(wiring.Component):
         step_kh = mul(insn.dh, row_stride, "dec_skh")[:A]
         a_tmp = Signal(signed(A)); addr0 = Signal(signed(A))
         pix_m2 = Signal(signed(25)); kt_m2 = Signal(signed(15)); rows_m2 = Signal(signed(25))
-        with m.If(dstate == 3):
+        with m.If(dstate[3]):
             m.d.sync += [a_tmp.eq(insn.a_base - plcbp), pix_m2.eq(pixels - 2)]
-        with m.If(dstate == 5):
+        with m.If(dstate[5]):
             m.d.sync += [addr0.eq(a_tmp - ptrs), kt_m2.eq(ktiles - 2), rows_m2.eq(ktiles * R - 2)]
         push = Signal()
-        m.d.comb += push.eq((dstate == 6) & room)
+        m.d.comb += push.eq(dstate[6] & room)
         m.d.comb += [
             act_q.fifo.w_en.eq(push), wgt_q.fifo.w_en.eq(push), back_q.fifo.w_en.eq(push),
             pay_q.fifo.w_en.eq(push),
@@ -546,42 +552,48 @@ class ComputeEngine(wiring.Component):
         m.d.comb += pay_q.fifo.r_en.eq(b_end)
         # The accumulator read-modify-write is split over stages so that neither the block
         # RAM's clock-to-out nor its write setup shares a cycle with the 32-bit adders:
-        #   A: read address   B: RAM   X: RAM output register   C: RAM data registered
+        #   A: read address   B: RAM   X: RAM output register   C: RAM data (or bias) registered
         #   D: add (registered)   E: write + requantize
         # No forwarding is needed: a row is read again only by the same pixel of the next
         # K tile, at least min_tile_rows = 2R + C + 1 >= 5 cycles later (the array cannot
         # start a tile sooner), by which time the write (stage E, 4 cycles after the read)
         # has committed.
         acc_row = data.ArrayLayout(signed(cfg.acc_bits), C)
-        x_valid = Signal(); x_first = Signal(); x_last = Signal(); x_end = Signal(); x_push = Signal()
+        x_valid = Signal(); x_last = Signal(); x_end = Signal(); x_push = Signal()
         x_addr = dreg(16); x_out = dreg(16)
         x_psum = dreg(acc_row)
         x_aux = dreg(aux_layout(cfg))
         x_zy = dreg(8); x_lo = dreg(8); x_hi = dreg(8)
         m.d.sync += [
-            x_valid.eq(b_valid), x_first.eq(b_first), x_last.eq(b_last), x_end.eq(b_end),
+            x_valid.eq(b_valid), x_last.eq(b_last), x_end.eq(b_end),
             x_push.eq(pay.push), x_addr.eq(b_addr), x_out.eq(b_out), x_psum.eq(b_psum),
             x_aux.eq(pay.aux), x_zy.eq(pay.zy), x_lo.eq(pay.lo), x_hi.eq(pay.hi),
         ]
-        c_valid = Signal(); c_first = Signal(); c_last = Signal(); c_end = Signal(); c_push = Signal()
+        c_valid = Signal(); c_last = Signal(); c_end = Signal(); c_push = Signal()
         c_addr = dreg(16); c_out = dreg(16)
-        c_psum = dreg(acc_row); c_old = dreg(acc_row)
+        c_psum = dreg(acc_row); c_base = dreg(acc_row)
         c_aux = dreg(aux_layout(cfg))
         c_zy = dreg(8); c_lo = dreg(8); c_hi = dreg(8)
+        # the addend is selected as the RAM data is registered (bias for a K tile's first
+        # beat, else the stored sum), with one copy of the select per lane: stage D is then
+        # an adder between registers (the select's fan-out of C * acc_bits muxes in front
+        # of the adders was a 7.5 ns path)
+        x_first_l = dup_reg(m, platform, b_first.replicate(C), "x_first_l")
+        old = data.View(acc_row, accmem.r_data)
         m.d.sync += [
-            c_valid.eq(x_valid), c_first.eq(x_first), c_last.eq(x_last), c_end.eq(x_end),
+            c_valid.eq(x_valid), c_last.eq(x_last), c_end.eq(x_end),
             c_push.eq(x_push), c_addr.eq(x_addr), c_out.eq(x_out), c_psum.eq(x_psum),
-            c_old.eq(accmem.r_data), c_aux.eq(x_aux), c_zy.eq(x_zy), c_lo.eq(x_lo), c_hi.eq(x_hi),
+            c_aux.eq(x_aux), c_zy.eq(x_zy), c_lo.eq(x_lo), c_hi.eq(x_hi),
         ]
+        m.d.sync += [c_base[c].eq(Mux(x_first_l[c], x_aux[c].bias, old[c])) for c in range(C)]
         d_we = Signal(); d_rq = Signal(); d_side = dreg(19)
         d_addr = dreg(16); d_sum = dreg(acc_row)
         d_aux = dreg(aux_layout(cfg))
         d_zy = dreg(8); d_lo = dreg(8); d_hi = dreg(8)
         assert min_tile_rows(R, C) >= 5, "the accumulator pipeline relies on it"
-        old = c_old
         s = Signal(acc_row)
         for c in range(C):
-            m.d.comb += s[c].eq(Mux(c_first, c_aux[c].bias, old[c]) + c_psum[c])
+            m.d.comb += s[c].eq(c_base[c] + c_psum[c])
         m.d.sync += [
             d_we.eq(c_valid & ~c_last), d_rq.eq(c_valid & (c_last | c_end)),
             d_side.eq(Cat(c_out, c_last, c_end, c_push)), d_addr.eq(c_addr), d_sum.eq(s),
@@ -620,7 +632,7 @@ class ComputeEngine(wiring.Component):
         # counts as busy, so the one-cycle lag never shows idle with work in flight
         idle = Signal()
         m.d.sync += self.idle.eq(idle & ~self.insn.valid)
-        m.d.comb += idle.eq((dstate == 0) & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
+        m.d.comb += idle.eq(dstate[0] & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
                                  & ~afifo.r_rdy & ~h_valid & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)

@@ -517,7 +517,8 @@ class DMA(wiring.Component):
     clear : ``In(1)``
         Clears ``error``/``error_code``/``error_addr``.
     busy : ``Out(1)``
-        A command is queued, bursts are in flight, or a done pulse is being emitted.
+        A command is queued, bursts are in flight, or a done pulse is being emitted
+        (registered: one cycle late, and high the cycle after a command is taken).
     rd_beat, wr_beat : ``Out(1)``
         One pulse per R / W data beat that crossed the bus (registered: one cycle later).
     """
@@ -708,6 +709,8 @@ class DMA(wiring.Component):
         # waits for it
         in_idle = Signal(init=1)
         in_mul = Signal()
+        w_small = Signal()                              # n1 <= 1 and n2 <= 1
+        w_summed = Signal()                             # the products are in ``ext``
         p = self.wr_cmd.p
         pa = Cat(Const(0, lb), p.addr[lb:])
         with m.If(in_idle):
@@ -717,6 +720,7 @@ class DMA(wiring.Component):
                 wdesc.stride1.eq(Cat(Const(0, lb), p.stride1[lb:])),
                 wdesc.stride2.eq(Cat(Const(0, lb), p.stride2[lb:])),
                 *[f.eq(v) for f, v in zip((w_n1_one, w_n1_two, w_n2_one, w_empty), _desc_flags(p))],
+                w_small.eq((p.n1[1:] == 0) & (p.n2[1:] == 0)), w_summed.eq(0),
                 end0.eq(pa + (p.len0 << lb)),
                 mul1.eq(p.n1 - 1), mul2.eq(p.n2 - 1),
                 sh1.eq(Cat(Const(0, lb), p.stride1[lb:])),
@@ -733,14 +737,12 @@ class DMA(wiring.Component):
         m.d.comb += self.wr_cmd.ready.eq(in_idle & ~wr_kill)
         with m.FSM(name="wr_intake") as fsm:
             with m.State("IDLE"):
+                # (the handshake decides nothing from the payload: it comes from the
+                # controller's register across the die; its compares are registered with
+                # the intake, ``w_small``, and read in SUM2)
                 with m.If(self.wr_cmd.valid & ~wr_kill):
                     m.d.sync += in_idle.eq(0)
-                    # n1, n2 <= 1: nothing to multiply (n == 0 is an empty command, unchecked)
-                    with m.If((p.n1[1:] == 0) & (p.n2[1:] == 0)):
-                        m.next = "SUM2"
-                    with m.Else():
-                        m.d.sync += in_mul.eq(1)
-                        m.next = "MUL"
+                    m.next = "SUM2"
             with m.State("MUL"):
                 with m.If(mul_done):
                     m.d.sync += in_mul.eq(0)
@@ -750,7 +752,13 @@ class DMA(wiring.Component):
                 m.next = "SUM2"
             with m.State("SUM2"):
                 m.d.sync += wb_end.eq(end0 + ext)
-                m.next = "CMP"
+                # n1, n2 <= 1: nothing to multiply (n == 0 is an empty command, unchecked);
+                # otherwise multiply, then come back with the products summed
+                with m.If(w_small | w_summed):
+                    m.next = "CMP"
+                with m.Else():
+                    m.d.sync += [in_mul.eq(1), w_summed.eq(1)]
+                    m.next = "MUL"
             with m.State("CMP"):
                 m.d.sync += [win_lo_bad.eq(wdesc.addr < self.window_lo),
                              win_hi_bad.eq(wb_end[:ab] > self.window_hi),
@@ -907,5 +915,9 @@ class DMA(wiring.Component):
         with m.Elif(~clr_d):
             m.d.comb += [self.error_code.eq(code_prev), self.error_addr.eq(addr_prev)]
 
-        m.d.comb += self.busy.eq(rd_busy | wr_busy)
+        # registered (the controller's run control is far away: an OR of ~15 terms and the
+        # route were its ``running``/``done`` paths, 7.6 ns); a command taken this cycle
+        # counts as busy, so the one-cycle lag never shows idle with a command in flight
+        m.d.sync += self.busy.eq(rd_busy | wr_busy | (self.rd_cmd.valid & self.rd_cmd.ready)
+                                 | (self.wr_cmd.valid & self.wr_cmd.ready))
         return m
