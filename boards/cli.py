@@ -128,7 +128,7 @@ def cmd_synth(args):
                       console=con, transient=True) as prog:
             task = prog.add_task(f"synth sweep on {board.id} ({args.jobs or 'all'} jobs)",
                                  total=len(overrides))
-            results = sweep(cfg, board, overrides, top=top, jobs=args.jobs, seed=args.seed,
+            results = sweep(cfg, board, overrides, top=top, jobs=args.jobs, seed=args.seed, placer=args.placer,
                             use_cache=not args.no_cache, check=not args.no_check,
                             on_done=lambda r: prog.advance(task))
         if args.json:
@@ -140,7 +140,7 @@ def cmd_synth(args):
         return 0 if all("error" not in r for r in results) else 1
     con = _console()
     with con.status(f"synth {board.id}: starting") as status:
-        res = synthesize(cfg, board, top, seed=args.seed, use_cache=not args.no_cache,
+        res = synthesize(cfg, board, top, seed=args.seed, placer=args.placer, use_cache=not args.no_cache,
                          check=not args.no_check,
                          progress=lambda s: status.update(f"synth {board.id}: {s}"))
     if args.json:
@@ -169,6 +169,8 @@ def register(sub):
     p.add_argument("-j", "--jobs", type=int, default=None,
                    help="parallel syntheses for --sweep (default: number of cores)")
     p.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
+    p.add_argument("--placer", choices=("heap", "static", "sa"), default=None,
+                   help="nextpnr placer (default: static on the ECP5, heap on the iCE40)")
     p.add_argument("--no-cache", action="store_true", help="ignore cached results")
     p.add_argument("--no-check", action="store_true",
                    help="skip the analytical fit check (synthesize anyway)")

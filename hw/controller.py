@@ -377,6 +377,10 @@ class Controller(wiring.Component):
                      len_n.eq(chunk(prog_len))]
         all_dispatched = Signal()
         m.d.sync += all_dispatched.eq(dispatched == prog_len)
+        f_pend = Signal()
+        f_code_q = dreg(4, name="fault_code_q")
+        f_info_q = dreg(32, name="fault_info_q")
+        m.d.sync += [f_code_q.eq(self.fault_code), f_info_q.eq(self.fault_info)]
         # ``all_idle`` is registered too (done follows one cycle later): once true within a
         # run it stays true (everything dispatched, nothing in flight); a start clears it
         all_idle = Signal()
@@ -397,8 +401,13 @@ class Controller(wiring.Component):
                 m.d.sync += [stopped.eq(1), self.error.eq(1), self.error_code.eq(ERR_ILLEGAL_INSN),
                              self.error_info.eq(dispatched)]
             with m.Elif(~stopped & self.fault):
-                m.d.sync += [stopped.eq(1), self.error.eq(1), self.error_code.eq(self.fault_code),
-                             self.error_info.eq(self.fault_info)]
+                m.d.sync += [stopped.eq(1), f_pend.eq(1)]
+            # the fault's code and address are taken a cycle later, from registered copies
+            # (they come from the DMA's error muxes across the die: 6.8-7.1 ns paths); the
+            # error flag waits for them, so status never shows an error without its code
+            with m.If(f_pend):
+                m.d.sync += [f_pend.eq(0), self.error.eq(1), self.error_code.eq(f_code_q),
+                             self.error_info.eq(f_info_q)]
             # after an error, finish only once the DMA has drained its outstanding bursts
             # (a soft reset before that would leave responses in flight on the bus)
             with m.If((stopped & ~self.dma_busy) | all_idle):

@@ -168,7 +168,7 @@ class CycleReport:
 # Pipeline constants of the RTL (cycles); calibrated against RTL measurements in the
 # tests (tests/cosim/test_accel_layers.py asserts the estimate within a tolerance).
 START_LATENCY = 8          # CTRL write -> first fetch request (registered CSR write, start, fetch decision + rd_cmd)
-FETCH_LATENCY = 13         # AR -> instructions in the queue
+FETCH_LATENCY = 14         # read command -> instructions in the queue (incl. the DMA's registered initial state)
 DMA_READ_LATENCY = 7       # AR -> first beat in a scratchpad (AXI RAM model)
 DMA_WRITE_LATENCY = 10     # last W beat -> B response (incl. the scratchpad read)
 DECODE_LATENCY = 11        # COMPUTE dequeued -> job in the feeders (incl. the cinsn and job-head registers)

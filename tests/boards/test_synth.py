@@ -57,6 +57,7 @@ def test_ecp5_array_synth_pnr_end_to_end(cache):
     assert cp["delay_ns"] == pytest.approx(1000 / res["fmax_mhz"], rel=0.1)
     assert cp["from"] and cp["to"] and any(s.startswith("hw/") for s in cp["sources"])
     assert set(res["tool_versions"]) == {"yosys", "nextpnr-ecp5"}
+    assert res["nextpnr"] == {"placer": "static", "seed": 1, "extra_args": []}
     assert res["wall_s"] > 0 and res["cached"] is False
     json.dumps(res)                                     # JSON-serialisable as is
     again = synthesize(cfg, "ulx3s-85f", "array")
@@ -82,9 +83,13 @@ def test_write_constraints(tmp_path):
     assert "read_verilog -sv dnnfab_accel.v" in p["yosys"].read_text()
     assert "--package CABGA381 --speed 6" in p["script"].read_text()
     assert "--seed 1" in p["script"].read_text()
+    # the ECP5 flow places with nextpnr's static (analytic) placer unless told otherwise
+    assert "--placer static" in p["script"].read_text()
     # the placer seed reaches the nextpnr command line (``dnnfab synth --seed``)
     p = write_constraints(cfg, "ulx3s-85f", tmp_path / "s3", module="dnnfab_accel", seed=3)
     assert "--seed 3" in p["script"].read_text()
+    p = write_constraints(cfg, "ulx3s-85f", tmp_path / "h", module="dnnfab_accel", placer="heap")
+    assert "--placer heap" in p["script"].read_text()
     p = write_constraints(cfg, "pynq-z2", tmp_path / "z", module="dnnfab_accel")
     assert "create_clock -period 8.000" in p["xdc"].read_text()
     assert "Vivado" in p["script"].read_text()

@@ -13,10 +13,10 @@ from dnnfab.cosim import runner
 from dnnfab.cosim.harness import dma_harness_verilog
 
 #: Cycles a contiguous read takes beyond its beat count, from the cycle the command is
-#: accepted to the cycle of rd_done: 3 in the DMA (intake register -> burst generator -> AR
-#: register) + 2 in cocotbext-axi's AxiRam (first rvalid 2 cycles after arvalid); the
+#: accepted to the cycle of rd_done: 4 in the DMA (intake register -> initial-state register
+#: -> burst generator -> AR register) + 2 in cocotbext-axi's AxiRam (first rvalid 2 cycles after arvalid); the
 #: R -> sp_we register and the rd_done pulse share the last cycle. See docs/dma_csr.md.
-READ_SLACK = 5
+READ_SLACK = 6
 #: The same for a contiguous write, to wr_done: 4 (window check, n1 = n2 = 1) + 1 (burst
 #: generator) + 1 (burst queue) + 1 (beat issue register) + 5 (scratchpad read: two request
 #: registers, block RAM, its output register, the read-data register) + 1 (W buffer)
