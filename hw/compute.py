@@ -46,13 +46,21 @@ __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
 AUX_LANE_BITS = 64   # bias (32) | m (16) | n (8) | reserved (8)
 
 
-def _below_after(cnt, inc, dec, limit):
-    """``cnt + inc - dec < limit``, with ``inc`` and ``dec`` (late signals: the issue
-    decision, the array taking a row) selecting among three compares of the register
-    ``cnt`` with constants (no adder sits after either: ``cnt + inc`` put a carry chain
-    into the feeder's issue loop, 7.6 ns)."""
-    lt = cnt < limit
-    return Mux(inc, Mux(dec, lt, cnt < limit - 1), Mux(dec, cnt < limit + 1, lt))
+def _credit(m, name, inc, dec, limit):
+    """A count of ``0..limit`` (reads issued and not yet taken out of a FIFO of ``limit``
+    entries) kept as a thermometer code (bit ``i``: count > ``i``), stepped by ``inc`` and
+    ``dec``. Returns ``count + inc - dec < limit`` as a function of this cycle's ``inc``
+    and ``dec`` (late signals: the issue decision, the array taking a row) and two bits
+    of the register: no adder and no compare sits on the path (``cnt + inc`` put a carry
+    chain into the feeder's issue loop, 7.6 ns; compares of a binary count, 7.1 ns)."""
+    t = Signal(limit, name=name)
+    for i in range(limit):
+        below = t[i - 1] if i else Const(1)
+        above = t[i + 1] if i + 1 < limit else Const(0)
+        m.d.sync += t[i].eq(Mux(inc & ~dec, below, Mux(dec & ~inc, above, t[i])))
+    lt = ~t[limit - 1]                                   # count < limit
+    lt_m1 = ~t[limit - 2]                                # count < limit - 1
+    return Mux(inc, Mux(dec, lt, lt_m1), Mux(dec, 1, lt))
 
 
 def aux_layout(cfg):
@@ -269,7 +277,7 @@ class ComputeEngine(wiring.Component):
         m.submodules.wfifo = wfifo
         wj = wgt_q.r
         w_valid = Signal(); w_addr = Signal(16); w_left = Signal(signed(25))
-        w_cnt = Signal(range(WD + 1)); w_cred = Signal()
+        w_cred = Signal()
         w_issue = Signal(); w_job_done = Signal(); w_load = Signal()
         w_rd = [Signal(name=f"w_rd{i}") for i in range(SP_READ_LATENCY + 1)]   # read in flight
         w_data2 = dreg(C * cfg.weight_bits)
@@ -288,8 +296,7 @@ class ComputeEngine(wiring.Component):
             m.d.sync += [w_addr.eq(w_addr + 1), w_left.eq(w_left - 1)]
         w_pop = Signal()
         m.d.comb += w_pop.eq(wfifo.r_rdy & wfifo.r_en)
-        w_cnt_next = w_cnt + w_issue - w_pop
-        m.d.sync += [w_cnt.eq(w_cnt_next), w_cred.eq(_below_after(w_cnt, w_issue, w_pop, WD))]
+        m.d.sync += w_cred.eq(_credit(m, "w_cnt", w_issue, w_pop, WD))
         m.d.sync += [w_rd[0].eq(w_issue), w_data2.eq(self.wgt_rd_data)]
         m.d.sync += [w_rd[i + 1].eq(w_rd[i]) for i in range(SP_READ_LATENCY)]
         m.d.comb += [wfifo.w_en.eq(w_rd[-1]), wfifo.w_data.eq(w_data2)]
@@ -329,7 +336,6 @@ class ComputeEngine(wiring.Component):
         # tile_nx is stale for two cycles after a K-tile jump and one after a job start:
         # with tiles of one or two pixels (job constants) the next jump would come sooner
         # and waits (``blocked_nx``: the next cycle is such a wait)
-        a_cnt = Signal(range(AD + 1))
         # per read in flight: issued, padding, first of its K tile, zero point (the next
         # job may be in J by the time the data comes)
         a_rd = [Signal(name=f"a_rd{i}") for i in range(SP_READ_LATENCY + 1)]
@@ -441,11 +447,9 @@ class ComputeEngine(wiring.Component):
         m.d.comb += a_job_done.eq(a_issue & tile_jump & t_last)
         a_pop = Signal()
         m.d.comb += a_pop.eq(array.act.valid & array.act.ready)
-        a_cnt_next = a_cnt + a_issue - a_pop
-        m.d.sync += a_cnt.eq(a_cnt_next)
         # (``started`` is set by a job start and cleared by the job's last issue; its next
         # value also feeds ``a_issue_r``)
-        m.d.comb += [cred_nx.eq(_below_after(a_cnt, a_issue, a_pop, AD)),
+        m.d.comb += [cred_nx.eq(_credit(m, "a_cnt", a_issue, a_pop, AD)),
                      started_nx.eq(a_start | (started & ~a_job_done))]
         m.d.sync += started.eq(started_nx)
         # read (scratchpad: request register, block RAM, its output register), then the

@@ -20,7 +20,9 @@
   output scratchpad.
 * **Done** when every instruction has been dispatched, every queue is empty and every
   engine, the DMA and the compute pipeline are idle. Any fault (``fault`` input: DMA
-  errors, scratchpad range errors) or an illegal instruction ends the run with ``error``.
+  errors, scratchpad range errors) or an illegal instruction ends the run with ``error``
+  (a fault's code and address are taken from registered copies, a cycle after the fault
+  stopped dispatch; ``error`` rises with them).
 
 Fmax: ``rd_cmd``, ``wr_cmd`` and ``cinsn`` are registers (no combinational path between the
 queues and the DMA / compute engine; a register takes a new command only when empty, the
@@ -377,6 +379,13 @@ class Controller(wiring.Component):
                      len_n.eq(chunk(prog_len))]
         all_dispatched = Signal()
         m.d.sync += all_dispatched.eq(dispatched == prog_len)
+        # the DMA's busy flag (a register there) is registered again here (it crosses the
+        # die: 7.5 ns when the controller's run control read it directly), OR-ed with a
+        # command handed over in the same cycle, so it is high from the cycle after the
+        # handover, as the DMA's own flag is
+        dma_busy = Signal()
+        m.d.sync += dma_busy.eq(self.dma_busy | (self.rd_cmd.valid & self.rd_cmd.ready)
+                                | (self.wr_cmd.valid & self.wr_cmd.ready))
         f_pend = Signal()
         f_code_q = dreg(4, name="fault_code_q")
         f_info_q = dreg(32, name="fault_info_q")
@@ -389,7 +398,7 @@ class Controller(wiring.Component):
                                 & ~lh_valid & ~ch_valid & ~sh_valid
                                 & ~rd_pending.r_rdy & ~wr_pending.r_rdy & ~rdp_we & ~wrp_we
                                 & ~self.rd_cmd.valid & ~self.wr_cmd.valid & ~self.cinsn.valid
-                                & self.c_idle & ~self.dma_busy)
+                                & self.c_idle & ~dma_busy)
         with m.If(start & ~running):
             m.d.sync += [running.eq(1), self.done.eq(0), dispatched.eq(0), all_dispatched.eq(0),
                          all_idle.eq(0),
@@ -410,6 +419,6 @@ class Controller(wiring.Component):
                              self.error_info.eq(f_info_q)]
             # after an error, finish only once the DMA has drained its outstanding bursts
             # (a soft reset before that would leave responses in flight on the bus)
-            with m.If((stopped & ~self.dma_busy) | all_idle):
+            with m.If((stopped & ~dma_busy) | all_idle):
                 m.d.sync += [running.eq(0), self.done.eq(1)]
         return m
