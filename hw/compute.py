@@ -46,13 +46,14 @@ __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
 AUX_LANE_BITS = 64   # bias (32) | m (16) | n (8) | reserved (8)
 
 
-def _credit(m, name, inc, dec, limit):
+def _credit(m, name, inc, dec, limit, split=False):
     """A count of ``0..limit`` (reads issued and not yet taken out of a FIFO of ``limit``
     entries) kept as a thermometer code (bit ``i``: count > ``i``), stepped by ``inc`` and
     ``dec``. Returns ``count + inc - dec < limit`` as a function of this cycle's ``inc``
     and ``dec`` (late signals: the issue decision, the array taking a row) and two bits
     of the register: no adder and no compare sits on the path (``cnt + inc`` put a carry
-    chain into the feeder's issue loop, 7.6 ns; compares of a binary count, 7.1 ns)."""
+    chain into the feeder's issue loop, 7.6 ns; compares of a binary count, 7.1 ns).
+    With ``split``, returns the two values for ``inc`` = 1 and ``inc`` = 0 instead."""
     t = Signal(limit, name=name)
     for i in range(limit):
         below = t[i - 1] if i else Const(1)
@@ -60,6 +61,8 @@ def _credit(m, name, inc, dec, limit):
         m.d.sync += t[i].eq(Mux(inc & ~dec, below, Mux(dec & ~inc, above, t[i])))
     lt = ~t[limit - 1]                                   # count < limit
     lt_m1 = ~t[limit - 2]                                # count < limit - 1
+    if split:
+        return Mux(dec, lt, lt_m1), Mux(dec, 1, lt)
     return Mux(inc, Mux(dec, lt, lt_m1), Mux(dec, 1, lt))
 
 
@@ -335,7 +338,7 @@ class ComputeEngine(wiring.Component):
         started = Signal()
         # tile_nx is stale for two cycles after a K-tile jump and one after a job start:
         # with tiles of one or two pixels (job constants) the next jump would come sooner
-        # and waits (``blocked_nx``: the next cycle is such a wait)
+        # and waits (the next cycle is such a wait: see ``go_i`` / ``go_n``)
         # per read in flight: issued, padding, first of its K tile, zero point (the next
         # job may be in J by the time the data comes)
         a_rd = [Signal(name=f"a_rd{i}") for i in range(SP_READ_LATENCY + 1)]
@@ -352,17 +355,25 @@ class ComputeEngine(wiring.Component):
         # which counter the next K-tile jump steps (cb, else kw, else kh; or the job ends),
         # registered from the tile counters every cycle: stale for two cycles after a jump
         # (the counters step a cycle late, ``jump_q``) and one after a job start, when no
-        # jump can follow (tiles of one or two pixels wait, ``blocked_nx``; a longer
+        # jump can follow (tiles of one or two pixels wait, ``go_i`` / ``go_n``; a longer
         # tile's last pixel is at least three issues away)
         t_cb, t_kw, t_kh, t_last = Signal(), Signal(), Signal(), Signal()
         m.d.sync += [t_cb.eq(~last_cb), t_kw.eq(last_cb & ~last_kw),
                      t_kh.eq(last_cb & last_kw & ~last_kh), t_last.eq(last_cb & last_kw & last_kh)]
         # a_issue = started & (credit) & ~(blocked), a register computed from the next
         # values of the three conditions (it enables most of the feeder's registers: one
-        # LUT level and a high-fan-out net less on every path that starts with it)
+        # LUT level and a high-fan-out net less on every path that starts with it).
+        # Its next value is computed twice, for "an issue this cycle" (``go_i``) and "none"
+        # (``go_n``), from other registers only, and the issue register itself selects
+        # between the two in the last LUT: its own slow, high-fan-out net is one LUT from
+        # its input (it was at the start of five LUT levels, 7.8 ns). ``go_i`` uses that
+        # an issue implies ``started``. The two are ``keep`` wires, so that yosys' LUT
+        # mapping keeps them as cut points.
         a_issue_r = Signal()
-        started_nx, blocked_nx, cred_nx = Signal(), Signal(), Signal()
-        m.d.sync += a_issue_r.eq(started_nx & cred_nx & ~blocked_nx)
+        started_nx = Signal()
+        go_i = Signal(attrs={"keep": 1})
+        go_n = Signal(attrs={"keep": 1})
+        m.d.sync += a_issue_r.eq(Mux(a_issue_r, go_i, go_n))
         m.d.comb += [a_issue.eq(a_issue_r),
                      a_start.eq(aj_valid & ~started),
                      aj_take.eq(act_q.fifo.r_rdy & (~aj_valid | a_start)),
@@ -398,7 +409,6 @@ class ComputeEngine(wiring.Component):
         # after a jump, a tile of one or two pixels also waits in the second cycle: see
         # ``jump_q`` below)
         jump_q = Signal()         # a jump within the job happened last cycle (see below)
-        m.d.comb += blocked_nx.eq((a_start & aj.one_px) | (a_issue & J.one_px) | (jump_q & J.px_le2))
         with m.If(a_start):
             # first pixel of the first K tile of a new job
             m.d.sync += [J.eq(aj), tile_first.eq(1),
@@ -431,7 +441,7 @@ class ComputeEngine(wiring.Component):
         # issue decision's high fan-out net no longer reaches them (a_issue_r -> c_kw was
         # the whole design's worst path, 9.9 ns with 7.7 of routing). What they feed is
         # then valid three cycles after a jump, so a tile of at most two pixels waits
-        # (``blocked_nx``); such tiles are bound by the weight preload, ``min_tile_rows``
+        # (``go_i`` / ``go_n``); such tiles are bound by the weight preload, ``min_tile_rows``
         # >= 5 cycles per tile, anyway. (A job's last jump needs no step: the next start
         # loads them.)
         m.d.sync += jump_q.eq(a_issue & tile_jump & ~t_last)
@@ -449,9 +459,15 @@ class ComputeEngine(wiring.Component):
         m.d.comb += a_pop.eq(array.act.valid & array.act.ready)
         # (``started`` is set by a job start and cleared by the job's last issue; its next
         # value also feeds ``a_issue_r``)
-        m.d.comb += [cred_nx.eq(_credit(m, "a_cnt", a_issue, a_pop, AD)),
-                     started_nx.eq(a_start | (started & ~a_job_done))]
+        cred_i, cred_n = _credit(m, "a_cnt", a_issue, a_pop, AD, split=True)
+        m.d.comb += started_nx.eq(a_start | (started & ~a_job_done))
         m.d.sync += started.eq(started_nx)
+        m.d.comb += [
+            # (an issue this cycle: started, so no job start; the job goes on unless this
+            # is its last pixel)
+            go_i.eq(~(tile_jump & t_last) & ~J.one_px & ~(jump_q & J.px_le2) & cred_i),
+            go_n.eq((aj_valid | started) & ~(a_start & aj.one_px) & ~(jump_q & J.px_le2) & cred_n),
+        ]
         # read (scratchpad: request register, block RAM, its output register), then the
         # data (or the zero point) registered, then the FIFO
         m.d.sync += [a_rd[0].eq(a_issue), a_pad[0].eq(~inside), a_first[0].eq(tile_first),
