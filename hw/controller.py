@@ -217,8 +217,12 @@ class Controller(wiring.Component):
         illegal = Signal()
         for q in (load_q, comp_q, store_q):
             m.d.comb += q.w_data.eq(insn)
-        # (insn_valid is only set while running: fetches stop at prog_len and after an error)
-        can = insn_valid & ~stopped
+        # (insn_valid is only set while running: fetches stop at prog_len and after an
+        # error. After an error, instructions already fetched may still move into the
+        # queues, where they stay: the engines' gates are closed, and the datapath is
+        # reset with SOFT_RESET before the next run. ``stopped`` is not on this path: it
+        # was at the start of the dispatcher's worst path, 7.5 ns.)
+        can = insn_valid
         m.d.comb += [
             load_q.w_en.eq(can & is_load & load_q.w_rdy),
             comp_q.w_en.eq(can & is_comp & comp_q.w_rdy),
@@ -227,7 +231,12 @@ class Controller(wiring.Component):
             illegal.eq(can & is_bad),
         ]
         m.d.comb += self.retired.eq(insn_take)
-        with m.If(insn_take):
+        # counted a cycle after the dispatch (the take is the dispatcher's deepest signal;
+        # the next instruction is valid two cycles after a take at the earliest, so an
+        # illegal instruction still sees the count of those before it)
+        take_q = Signal()
+        m.d.sync += take_q.eq(insn_take)
+        with m.If(take_q):
             m.d.sync += dispatched.eq(dispatched + 1)
 
         # --------------------------------------------------------------- tokens
