@@ -5,11 +5,12 @@ family from the structure of the generated hardware -- it counts what yosys will
 block by block, instead of scaling a reference design:
 
 * **systolic array** (hw/systolic.py, hw/pe.py): per PE the activation, two weight
-  registers (shadow/active) and the product register; the partial-sum register has the
+  registers (shadow/active), the product register and its copy in the fabric
+  (``prod_q``); the partial-sum register has the
   exact width of its row's sum (:func:`dnnfab.hw.systolic.psum_bits`: ``P = in+w``
   bits in row 0, ``P+1`` in rows 1-2, ... 19 bits for 8 int8 products); the ``first``
   flags of all PEs with equal delay merge into ``R+C-1`` registers; skew
-  ``in * R(R+1)/2``, deskew ``acc * C(C-1)/2``, valid/tag lines ``(R+C+2)(1+tag)``.
+  ``in * R(R+1)/2``, deskew ``acc * C(C-1)/2``, valid/tag lines ``(R+C+3)(1+tag)``.
   One hard multiplier per PE (8x8 fits MULT18X18D, SB_MAC16 and DSP48E1). On 7-series,
   yosys packs the product register, the partial-sum adder and its register into the
   DSP48E1 (fitted separately). Adders are carry chains: ECP5 CCU2C (2 LUT4 each), iCE40
@@ -98,7 +99,7 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
     I, W, A = cfg.input_bits, cfg.weight_bits, cfg.acc_bits
     P = I + W
     e = [psum_bits(cfg, r + 1) for r in range(R)]      # partial-sum width of each row
-    L = R + C + 2
+    L = R + C + 3
     ctrl_ff = 2 + _clog2(R + C + 1) + _clog2(R)   # shadow_full, registered wgt.ready, drain, wrow
     common_ff = (I * R * (R + 1) // 2          # skew
                  + (R + C - 1)                 # merged `first` flags
@@ -114,6 +115,9 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
         # the last column's a_out is then unused); on iCE40 yosys packs them into the
         # SB_MAC16 since they have no reset (``dreg``; measured 2x2: 209 FF + harness)
         ff -= R * C * (P + W) + R * I
+        # the product once more in the fabric (hw/pe.py ``prod_q``; not packed on the
+        # iCE40 either: measured 2x2, 309 FF in yosys)
+        ff += R * C * P
         # partial-sum adders (rows 1..R-1), each as wide as its row's sum
         add_bits = C * sum(e[1:])
         if family == "ecp5":
@@ -126,6 +130,9 @@ def _array(cfg: AcceleratorConfig, family, tag_bits):
         # fitted on 2x2..8x8: per PE the shadow weight plus the share of activation
         # registers not absorbed as DSP input registers
         ff = common_ff + R * C * (W + (I - (2 * I) // C if C >= 2 else 0))
+        # + hw/pe.py's ``prod_q``: yosys puts most of it into the DSP48E1 (its M/P
+        # registers); measured 173 / 564 FF at 2x2 / 4x4, the estimate says 171 / 562
+        ff += 2 * R * C
         lut = 8 + 2 * (R + C)
     return {"lut": lut, "ff": ff, "dsp": dsp}
 

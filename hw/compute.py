@@ -460,7 +460,12 @@ class ComputeEngine(wiring.Component):
         # (``started`` is set by a job start and cleared by the job's last issue; its next
         # value also feeds ``a_issue_r``)
         cred_i, cred_n = _credit(m, "a_cnt", a_issue, a_pop, AD, split=True)
-        m.d.comb += started_nx.eq(a_start | (started & ~a_job_done))
+        # (= a_start | (started & ~a_job_done), with the issue register selecting in the
+        # last LUT, as for ``a_issue_r``; an issue implies ``started``)
+        st_i = Signal(attrs={"keep": 1})
+        st_n = Signal(attrs={"keep": 1})
+        m.d.comb += [st_i.eq(~(tile_jump & t_last)), st_n.eq(aj_valid | started),
+                     started_nx.eq(Mux(a_issue, st_i, st_n))]
         m.d.sync += started.eq(started_nx)
         m.d.comb += [
             # (an issue this cycle: started, so no job start; the job goes on unless this

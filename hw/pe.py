@@ -92,9 +92,10 @@ class ProcessingElement(wiring.Component):
     when the new tile reaches it and tiles follow each other with no bubble.
 
     Pipeline (all registers advance only while ``en`` is high, the array's global stall):
-    ``a_in -> a_reg -> prod = a_reg * w_act -> psum_out = psum_in + prod``.
+    ``a_in -> a_reg -> prod = a_reg * w_act -> prod_q -> psum_out = psum_in + prod_q``.
     The product register lets the multiplier map onto a DSP block with registered
-    inputs and outputs.
+    inputs and outputs; ``prod_q`` takes the product out of the DSP block into the
+    fabric, so the partial-sum adder starts at a flip-flop beside it.
 
     Parameters
     ----------
@@ -147,6 +148,7 @@ class ProcessingElement(wiring.Component):
         w_shadow = dreg(signed(self.weight_bits))
         w_active = dreg(signed(self.weight_bits))
         prod = dreg(signed(self.input_bits + self.weight_bits))
+        prod_q = dreg(signed(self.input_bits + self.weight_bits), name="prod_q")
         a_q = dreg(signed(self.input_bits), name="a_q")
         psum_q = dreg(signed(self.acc_bits), name="psum_q")
         m.d.comb += [self.a_out.eq(a_q), self.psum_out.eq(psum_q)]
@@ -158,7 +160,8 @@ class ProcessingElement(wiring.Component):
                 a_q.eq(self.a_in),
                 self.f_out.eq(self.f_in),
                 prod.eq(a_q * w_active),
-                psum_q.eq(self.psum_in + prod),
+                prod_q.eq(prod),
+                psum_q.eq(self.psum_in + prod_q),
             ]
             with m.If(self.f_in):
                 m.d.sync += w_active.eq(w_shadow)
@@ -192,10 +195,15 @@ class ProcessingElement(wiring.Component):
         # (no reset on the DSP registers either: data, like a_q and psum_q)
         m.submodules.mult = mult18x18d(a_ext, b_ext, P, ce_a=self.en, ce_b=self.en & self.f_in)
         m.d.comb += prod.eq(P[:len(prod)])
+        # the product once more in the fabric (``prod_q``), so the partial-sum adder starts
+        # at a flip-flop beside it, not at the DSP block's output across the column (the
+        # array's partial-sum chains were the whole design's most numerous late endpoints)
+        prod_q = dreg(signed(self.input_bits + self.weight_bits), name="prod_q")
         with m.If(self.en):
             m.d.sync += [
                 a_q.eq(self.a_in),
                 self.f_out.eq(self.f_in),
-                psum_q.eq(self.psum_in + prod),
+                prod_q.eq(prod),
+                psum_q.eq(self.psum_in + prod_q),
             ]
         return m

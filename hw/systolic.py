@@ -14,7 +14,7 @@ rows long (otherwise the weight preload sets the pace).
 
 Timing (exact; asserted against RTL in the tests):
 
-* latency ``L = R + C + 2`` cycles from an ``act`` transfer to its ``out`` beat;
+* latency ``L = R + C + 3`` cycles from an ``act`` transfer to its ``out`` beat;
 * after a ``first`` beat enters, ``R + C`` cycles pass before the shadow accepts the next
   tile's weights (every PE has copied it by then), and the load takes ``R`` cycles;
 * hence a tile starts ``max(npx_prev, 2R + C + 1)`` cycles after the previous one, see
@@ -66,7 +66,7 @@ def psum_bits(cfg: AcceleratorConfig, n):
 
 def latency(rows, cols):
     """Cycles from an ``act`` transfer to the matching ``out`` beat (no stalls)."""
-    return rows + cols + 2
+    return rows + cols + 3
 
 
 def min_tile_rows(rows, cols):

@@ -29,6 +29,9 @@ def test_pe_mac_and_weight_swap():
         await ctx.tick()
         ctx.set(dut.w_we, 0)
         await ctx.tick()
+        # (a_reg, product, product in the fabric, sum: the sum is out 4 edges after a_in)
+        assert ctx.get(dut.psum_out) != 1000 + 127 * -128
+        await ctx.tick()
         assert ctx.get(dut.psum_out) == 1000 + 127 * -128
         # stalled: nothing moves
         ctx.set(dut.en, 0)
