@@ -21,7 +21,7 @@ clamp decisions side by side (comparing against ``lo - zy`` and ``hi - zy``, pre
 then the clamp itself.
 """
 
-from amaranth.hdl import Signal, Module, Const, Cat, signed, unsigned, Mux
+from amaranth.hdl import Signal, Module, Const, Cat, signed, unsigned, Mux, Array
 from amaranth.lib import wiring, data
 from amaranth.lib.wiring import In, Out
 
@@ -150,11 +150,20 @@ class Requantizer(wiring.Component):
             K = sat_bits - 1 + 7
             hz = dreg(name=f"hz{lane}"); ho = dreg(name=f"ho{lane}")
             m.d.sync += [hz.eq(sh5[K:] == 0), ho.eq(sh5[K:] == (1 << len(sh5[K:])) - 1)]
+            # (and whether sh6's bits sat_bits-1 .. K-1, i.e. sh5's bits sat_bits-1+n5 ..
+            # K-1+n5, are all zeros / all ones, decided beside the shift too: for each n5,
+            # the bits of sh5 from sat_bits-1+n5 up to K-1 (the rest is in hz / ho), picked
+            # by n5; the 7-bit compares of sh6 in stage 8 were on 7.2 ns paths)
+            lo_b = sat_bits - 1
+            mz = dreg(name=f"mz{lane}"); mo = dreg(name=f"mo{lane}")
+            zc = Array([sh5[lo_b + s:K] == 0 if lo_b + s < K else Const(1) for s in range(8)])
+            oc = Array([sh5[lo_b + s:K] == (1 << (K - lo_b - s)) - 1 if lo_b + s < K else Const(1)
+                        for s in range(8)])
+            m.d.sync += [mz.eq(zc[n5]), mo.eq(oc[n5])]
             # 8: saturate to a few bits more than the output (exact: the clamp follows)
-            mid = sh6[sat_bits - 1:K]
             sat = dreg(signed(sat_bits), name=f"sat{lane}")
             lim = (1 << (sat_bits - 1)) - 1
-            with m.If(((mid == 0) & hz) | ((mid == (1 << len(mid)) - 1) & ho)):
+            with m.If((mz & hz) | (mo & ho)):
                 m.d.sync += sat.eq(sh6)
             with m.Elif(sh6 < 0):
                 m.d.sync += sat.eq(-lim - 1)
