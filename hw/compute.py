@@ -520,8 +520,14 @@ class ComputeEngine(wiring.Component):
         # The current job sits in local registers, loaded from the queue as the previous
         # job's last beat arrives (or as soon as it is queued, long before its first beat:
         # the array's latency is longer than the queue's); addresses are counters and the
-        # "last pixel" / "last K tile" flags are sign bits of down-counters.
-        bq = back_q.r
+        # "last pixel" / "last K tile" flags are sign bits of down-counters. The next job
+        # waits in a register of its own (``bq``, filled from the queue as soon as there is
+        # one), so the loads start at flip-flops, not at the queue's asynchronous
+        # distributed-RAM read (the counters' loads were 7.4 ns paths); it is filled long
+        # before the job's first beat, so this costs no cycle.
+        bq = dreg(back_job_layout, name="bq")
+        bq_valid = Signal()
+        bq_take = Signal()
         m.submodules.accmem = accmem = RegisteredRAM(C * cfg.acc_bits, self.acc_depth)
         assert RAM_READ_LATENCY == 2
 
@@ -541,8 +547,13 @@ class ComputeEngine(wiring.Component):
         job_end = Signal()
         b_load = Signal()
         m.d.comb += [job_end.eq(beat & last_p & last_kt),
-                     b_load.eq(back_q.fifo.r_rdy & (~bj_valid | job_end)),
-                     back_q.fifo.r_en.eq(b_load)]
+                     b_load.eq(bq_valid & (~bj_valid | job_end)),
+                     bq_take.eq(back_q.fifo.r_rdy & (~bq_valid | b_load)),
+                     back_q.fifo.r_en.eq(bq_take)]
+        with m.If(bq_take):
+            m.d.sync += [bq_valid.eq(1), bq.eq(back_q.r)]
+        with m.Elif(b_load):
+            m.d.sync += bq_valid.eq(0)
         m.d.comb += [accmem.r_addr.eq(acc_addr), accmem.r_en.eq(beat)]
         with m.If(b_load):
             m.d.sync += [bj_valid.eq(1), bj.eq(bq), p_left.eq(bq.pix_m2), kt_left.eq(bq.kt_m2),
@@ -657,7 +668,7 @@ class ComputeEngine(wiring.Component):
         # counts as busy, so the one-cycle lag never shows idle with work in flight
         idle = Signal()
         m.d.sync += self.idle.eq(idle & ~self.insn.valid)
-        m.d.comb += idle.eq(dstate[0] & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy
+        m.d.comb += idle.eq(dstate[0] & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy & ~bq_valid
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
                                  & ~afifo.r_rdy & ~h_valid & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)
