@@ -103,7 +103,8 @@ class Controller(wiring.Component):
         Compute engine events and idle flag.
     dma_busy : ``In(1)``
     fault, fault_code, fault_info : ``In(1)``, ``In(4)``, ``In(32)``
-        A fault detected elsewhere (DMA, scratchpads).
+        A fault detected elsewhere (DMA, scratchpads); its code and address are read
+        a cycle after ``fault`` rises, and must be registered at their source then.
     busy, done, error : ``Out(1)``
         Running; finished (sticky until the next start); finished with an error.
     error_code, error_info : ``Out(4)``, ``Out(32)``
@@ -412,9 +413,6 @@ class Controller(wiring.Component):
         m.d.sync += dma_busy.eq(self.dma_busy | (self.rd_cmd.valid & self.rd_cmd.ready)
                                 | (self.wr_cmd.valid & self.wr_cmd.ready))
         f_pend = Signal()
-        f_code_q = dreg(4, name="fault_code_q")
-        f_info_q = dreg(32, name="fault_info_q")
-        m.d.sync += [f_code_q.eq(self.fault_code), f_info_q.eq(self.fault_info)]
         # ``all_idle`` is registered too (done follows one cycle later): once true within a
         # run it stays true (everything dispatched, nothing in flight); a start clears it
         all_idle = Signal()
@@ -436,12 +434,12 @@ class Controller(wiring.Component):
                              self.error_info.eq(dispatched)]
             with m.Elif(~stopped & self.fault):
                 m.d.sync += [stopped.eq(1), f_pend.eq(1)]
-            # the fault's code and address are taken a cycle later, from registered copies
-            # (they come from the DMA's error muxes across the die: 6.8-7.1 ns paths); the
+            # the fault's code and address are taken a cycle later, as registered by their
+            # source (the DMA's error muxes across the die were 6.8-7.7 ns paths); the
             # error flag waits for them, so status never shows an error without its code
             with m.If(f_pend):
-                m.d.sync += [f_pend.eq(0), self.error.eq(1), self.error_code.eq(f_code_q),
-                             self.error_info.eq(f_info_q)]
+                m.d.sync += [f_pend.eq(0), self.error.eq(1), self.error_code.eq(self.fault_code),
+                             self.error_info.eq(self.fault_info)]
             # after an error, finish only once the DMA has drained its outstanding bursts
             # (a soft reset before that would leave responses in flight on the bus)
             with m.If((stopped & ~dma_busy) | all_idle):

@@ -514,6 +514,10 @@ class DMA(wiring.Component):
         Writes must stay inside ``[window_lo, window_hi)``.
     error : ``Out(1)``
         Sticky error flag, with ``error_code : Out(4)`` and ``error_addr : Out(addr_bits)``.
+    error_q, error_code_q, error_addr_q : ``Out``
+        The three, registered (one cycle late): for readers across the die, which then
+        start at a flip-flop (the address mux of the first error feeding the controller's
+        copy was a 7.7 ns path).
     clear : ``In(1)``
         Clears ``error``/``error_code``/``error_addr``.
     busy : ``Out(1)``
@@ -551,6 +555,7 @@ class DMA(wiring.Component):
             "error": Out(1),
             "error_code": Out(4),
             "error_addr": Out(cfg.addr_bits),
+            "error_q": Out(1), "error_code_q": Out(4), "error_addr_q": Out(cfg.addr_bits),
             "clear": In(1),
             "busy": Out(1),
             "rd_beat": Out(1),
@@ -917,6 +922,8 @@ class DMA(wiring.Component):
             m.d.comb += [ev_code_d.eq(ERR_OUT_WINDOW), ev_addr_d.eq(wdesc.addr)]
         e_prev, code_prev, addr_prev = Signal(), Signal(4), Signal(ab)    # outputs, last cycle
         m.d.sync += [e_prev.eq(error), code_prev.eq(self.error_code), addr_prev.eq(self.error_addr)]
+        m.d.comb += [self.error_q.eq(e_prev), self.error_code_q.eq(code_prev),
+                     self.error_addr_q.eq(addr_prev)]
         with m.If(ev_d & (~e_prev | clr_d)):
             m.d.comb += [self.error_code.eq(ev_code_d), self.error_addr.eq(ev_addr_d)]
         with m.Elif(~clr_d):

@@ -137,10 +137,12 @@ class Accelerator(wiring.Component):
             ctrl.c_done_read.eq(comp.done_read), ctrl.c_done_write.eq(comp.done_write),
             ctrl.c_idle.eq(comp.idle), ctrl.dma_busy.eq(dma.busy),
             ctrl.fault.eq(dma.error | sp_range),
-            ctrl.fault_code.eq(dma.error_code),
-            ctrl.fault_info.eq(dma.error_addr),
+            # (code and address as registered a cycle after the fault: the controller
+            # takes them then)
+            ctrl.fault_code.eq(dma.error_code_q),
+            ctrl.fault_info.eq(dma.error_addr_q),
         ]
-        with m.If(~dma.error):
+        with m.If(~dma.error_q):
             m.d.comb += [ctrl.fault_code.eq(ERR_SP_RANGE), ctrl.fault_info.eq(0)]
 
         # status, interrupt
