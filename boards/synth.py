@@ -259,11 +259,17 @@ def default_placer(board):
     return DEFAULT_PLACER.get(get_board(board).family)
 
 
+def _placer(board, placer):
+    """``placer``, or the family's default; a clear error for an unknown one."""
+    placer = placer or default_placer(board)
+    if placer is not None and placer not in PLACERS:
+        raise ConfigError(f"unknown nextpnr placer {placer!r}; use one of {', '.join(PLACERS)}")
+    return placer
+
+
 def _nextpnr_args(board: Board, freq_mhz, sdc="constraints.sdc", seed=1, placer=None):
     f = board.fpga
-    placer = placer or default_placer(board)
-    if placer not in PLACERS:
-        raise ConfigError(f"unknown nextpnr placer {placer!r}; use one of {', '.join(PLACERS)}")
+    placer = _placer(board, placer)
     if f.family == "ecp5":
         m = re.fullmatch(r"LFE5(U|UM|UM5G)-(\d+)F", f.part.upper())
         if not m:
@@ -473,9 +479,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, placer=None, 
     from . import fit
     board = get_board(board)
     top = top or default_top()
-    placer = placer or default_placer(board)
-    if placer is not None and placer not in PLACERS:
-        raise ConfigError(f"unknown nextpnr placer {placer!r}; use one of {', '.join(PLACERS)}")
+    placer = _placer(board, placer)
     step = progress or (lambda s: None)
     t0 = time.perf_counter()
     step("fit check")

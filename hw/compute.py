@@ -84,8 +84,24 @@ class _Fifo:
     def __init__(self, m, name, layout, depth):
         self.fifo = RegFIFO(data.Layout.cast(layout).size, depth, late_write=True)
         m.submodules[name] = self.fifo
+        self.layout = layout
         self.w = data.View(layout, self.fifo.w_data)
         self.r = data.View(layout, self.fifo.r_data)
+
+    def head(self, m, consume, name):
+        """The queue's head in a register of its own, ``(reg, valid)``: filled as soon as
+        the queue has an entry and refilled as ``consume`` (a signal the caller drives)
+        takes it, so whatever loads from it starts at flip-flops, not at the queue's
+        asynchronous distributed-RAM read."""
+        reg = dreg(self.layout, name=name)
+        valid = Signal(name=f"{name}_valid")
+        take = Signal(name=f"{name}_take")
+        m.d.comb += [take.eq(self.fifo.r_rdy & (~valid | consume)), self.fifo.r_en.eq(take)]
+        with m.If(take):
+            m.d.sync += [valid.eq(1), reg.eq(self.r)]
+        with m.Elif(consume):
+            m.d.sync += valid.eq(0)
+        return reg, valid
 
 
 class ComputeEngine(wiring.Component):
@@ -317,12 +333,6 @@ class ComputeEngine(wiring.Component):
         # limited by the weight preload, ``min_tile_rows`` cycles per tile, anyway) waits
         # for ``tile_nx`` (see ``jump_q``).
         AD = 13
-        # the next job, registered out of the queue's distributed RAM (whose asynchronous
-        # read would otherwise sit at the start of every path from a job start: the
-        # padding compare, the counters' loads)
-        aj = dreg(act_job_layout)
-        aj_valid = Signal()
-        aj_take = Signal()
         afifo = SyncFIFO(width=R * cfg.input_bits + 1, depth=AD)
         m.submodules.afifo = afifo
         J = Signal(act_job_layout)
@@ -374,14 +384,12 @@ class ComputeEngine(wiring.Component):
         go_i = Signal(attrs={"keep": 1})
         go_n = Signal(attrs={"keep": 1})
         m.d.sync += a_issue_r.eq(Mux(a_issue_r, go_i, go_n))
+        # the next job, registered out of the queue's distributed RAM (whose asynchronous
+        # read would otherwise sit at the start of every path from a job start: the
+        # padding compare, the counters' loads)
+        aj, aj_valid = act_q.head(m, a_start, "aj")
         m.d.comb += [a_issue.eq(a_issue_r),
-                     a_start.eq(aj_valid & ~started),
-                     aj_take.eq(act_q.fifo.r_rdy & (~aj_valid | a_start)),
-                     act_q.fifo.r_en.eq(aj_take)]
-        with m.If(aj_take):
-            m.d.sync += [aj_valid.eq(1), aj.eq(act_q.r)]
-        with m.Elif(a_start):
-            m.d.sync += aj_valid.eq(0)
+                     a_start.eq(aj_valid & ~started)]
         # inside the image (not padding), from sign bits of registers only, so the
         # scratchpad's read enable and the padding flag leave the feeder one LUT after
         # flip-flops, and no compare sits on any path. Every input coordinate is kept
@@ -525,9 +533,6 @@ class ComputeEngine(wiring.Component):
         # one), so the loads start at flip-flops, not at the queue's asynchronous
         # distributed-RAM read (the counters' loads were 7.4 ns paths); it is filled long
         # before the job's first beat, so this costs no cycle.
-        bq = dreg(back_job_layout, name="bq")
-        bq_valid = Signal()
-        bq_take = Signal()
         m.submodules.accmem = accmem = RegisteredRAM(C * cfg.acc_bits, self.acc_depth)
         assert RAM_READ_LATENCY == 2
 
@@ -546,14 +551,9 @@ class ComputeEngine(wiring.Component):
         last_kt = kt_left[-1]
         job_end = Signal()
         b_load = Signal()
+        bq, bq_valid = back_q.head(m, b_load, "bq")
         m.d.comb += [job_end.eq(beat & last_p & last_kt),
-                     b_load.eq(bq_valid & (~bj_valid | job_end)),
-                     bq_take.eq(back_q.fifo.r_rdy & (~bq_valid | b_load)),
-                     back_q.fifo.r_en.eq(bq_take)]
-        with m.If(bq_take):
-            m.d.sync += [bq_valid.eq(1), bq.eq(back_q.r)]
-        with m.Elif(b_load):
-            m.d.sync += bq_valid.eq(0)
+                     b_load.eq(bq_valid & (~bj_valid | job_end))]
         m.d.comb += [accmem.r_addr.eq(acc_addr), accmem.r_en.eq(beat)]
         with m.If(b_load):
             m.d.sync += [bj_valid.eq(1), bj.eq(bq), p_left.eq(bq.pix_m2), kt_left.eq(bq.kt_m2),
