@@ -114,8 +114,14 @@ def _sweep_rows(results):
 
 
 def cmd_synth(args):
-    from .synth import synthesize, sweep, parse_sweep, check_toolchain
+    from .synth import synthesize, sweep, parse_sweep, check_toolchain, seed_list
     board = get_board(args.board) if args.board else None
+    seeds = seed_list(args.seeds) if args.seeds else None
+    if seeds and args.sweep:
+        raise ConfigError("--seeds and --sweep cannot be combined; sweep with --seed, then "
+                          "re-run the config you want with --seeds")
+    if args.pnr_timeout is not None and args.pnr_timeout <= 0:
+        raise ConfigError(f"--pnr-timeout {args.pnr_timeout:g}: give a positive number of seconds")
     top = _resolve_top(args)
     cfg = _config(args, top)
     check_toolchain(board.family)
@@ -129,6 +135,7 @@ def cmd_synth(args):
             task = prog.add_task(f"synth sweep on {board.id} ({args.jobs or 'all'} jobs)",
                                  total=len(overrides))
             results = sweep(cfg, board, overrides, top=top, jobs=args.jobs, seed=args.seed, placer=args.placer,
+                            pnr_timeout=args.pnr_timeout,
                             use_cache=not args.no_cache, check=not args.no_check,
                             on_done=lambda r: prog.advance(task))
         if args.json:
@@ -140,8 +147,9 @@ def cmd_synth(args):
         return 0 if all("error" not in r for r in results) else 1
     con = _console()
     with con.status(f"synth {board.id}: starting") as status:
-        res = synthesize(cfg, board, top, seed=args.seed, placer=args.placer, use_cache=not args.no_cache,
-                         check=not args.no_check,
+        res = synthesize(cfg, board, top, seed=args.seed, seeds=seeds, placer=args.placer,
+                         use_cache=not args.no_cache, check=not args.no_check, jobs=args.jobs,
+                         pnr_timeout=args.pnr_timeout,
                          progress=lambda s: status.update(f"synth {board.id}: {s}"))
     if args.json:
         print(json.dumps(res, indent=2))
@@ -167,8 +175,14 @@ def register(sub):
     p.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
                    help="synthesize every combination (repeatable; size=4,8 sets rows and cols)")
     p.add_argument("-j", "--jobs", type=int, default=None,
-                   help="parallel syntheses for --sweep (default: number of cores)")
+                   help="parallel syntheses for --sweep, or seeds for --seeds (default: number of cores)")
     p.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
+    p.add_argument("--seeds", metavar="N|S1,S2,..", default=None,
+                   help="place and route with several seeds (4 = seeds 1..4), -j at a time, "
+                        "and keep the fastest placement; every seed's Fmax is reported")
+    p.add_argument("--pnr-timeout", type=float, default=None, metavar="S",
+                   help="give up a place-and-route run after S seconds (with --seeds, that seed "
+                        "is skipped)")
     p.add_argument("--placer", choices=("heap", "static", "sa"), default=None,
                    help="nextpnr placer (default: static on the ECP5, heap on the iCE40)")
     p.add_argument("--no-cache", action="store_true", help="ignore cached results")

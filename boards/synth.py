@@ -46,7 +46,7 @@ from . import get_board, Board
 from ..errors import ToolchainError, ConfigError, FitError
 from ..hw.config import AcceleratorConfig
 
-__all__ = ["synthesize", "sweep", "write_constraints", "toolchain_versions", "check_toolchain",
+__all__ = ["synthesize", "sweep", "seed_list", "write_constraints", "toolchain_versions", "check_toolchain",
            "elaborate", "IoHarness", "FLOW_VERSION", "INSTALL_HINT", "cache_dir",
            "default_top"]
 
@@ -446,8 +446,89 @@ def _key(rtlil_text, board, top, freq, seed, versions, placer=None):
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, placer=None, use_cache=True,
-               progress=None, check=True):
+def seed_list(spec):
+    """``"4"`` -> ``[1, 2, 3, 4]``; ``"1,5,9"`` -> ``[1, 5, 9]`` (``dnnfab synth --seeds``)."""
+    try:
+        if "," not in str(spec):
+            n = int(spec)
+            if n < 1:
+                raise ValueError
+            return list(range(1, n + 1))
+        seeds = [int(v) for v in str(spec).split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds {spec!r}: give a count (4 = seeds 1..4) or a list (1,5,9)") from None
+    if not seeds:
+        raise ConfigError(f"--seeds {spec!r}: give a count (4 = seeds 1..4) or a list (1,5,9)")
+    return list(dict.fromkeys(seeds))
+
+
+def _pnr(board, freq, seed, placer, extra, work, timeout=None):
+    """One nextpnr run in ``work`` (which holds synth.json and constraints.sdc):
+    ``(fmax_mhz, report)``."""
+    _run_tool(_PNR[board.family], _nextpnr_args(board, freq, seed=seed, placer=placer) + extra,
+              work, "nextpnr.log", timeout=timeout)
+    report = json.loads((Path(work) / "report.json").read_text())
+    clocks = report.get("fmax", {})
+    fmax = None
+    if clocks:
+        ck = clocks.get("clk") or next(iter(clocks.values()))
+        fmax = round(float(ck["achieved"]), 2)
+    return fmax, report
+
+
+def _pnr_seeds(board, freq, seeds, placer, extra, work, jobs, step, timeout):
+    """Place and route the same netlist with every seed in ``seeds``, ``jobs`` at a time,
+    each in ``work/seed<N>``. Returns ``(best seed, its report, per-seed summaries)``; a
+    seed that fails or runs past ``timeout`` is listed with its error and skipped (router
+    congestion can keep one placement busy for many times the others' run time)."""
+    import shutil
+    runs = {}
+
+    def one(sd):
+        d = Path(work) / f"seed{sd}"
+        d.mkdir(exist_ok=True)
+        for f in ("synth.json", "constraints.sdc"):
+            shutil.copyfile(Path(work) / f, d / f)
+        t = time.perf_counter()
+        try:
+            fmax, report = _pnr(board, freq, sd, placer, extra, d, timeout)
+        finally:
+            (d / "synth.json").unlink()                # (tens of MB, and in work/ already)
+        return fmax, report, round(time.perf_counter() - t, 1)
+
+    done = 0
+    with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
+        futs = {pool.submit(one, sd): sd for sd in seeds}
+        for fut in as_completed(futs):
+            sd = futs[fut]
+            try:
+                runs[sd] = fut.result()
+            except ToolchainError as exc:
+                runs[sd] = exc
+            done += 1
+            step(f"place & route @ {freq:g} MHz: {done}/{len(seeds)} seeds done")
+    summary = []
+    for sd in seeds:
+        r = runs[sd]
+        if isinstance(r, Exception):
+            summary.append({"seed": sd, "fmax_mhz": None, "error": str(r)})
+        else:
+            cp = _critical_path(r[1])
+            summary.append({"seed": sd, "fmax_mhz": r[0], "wall_s": r[2],
+                            "critical_path": None if cp is None else
+                            {k: cp[k] for k in ("from", "to", "delay_ns", "routing_ns")}})
+    ok = [s for s in summary if s["fmax_mhz"] is not None]
+    if not ok:
+        raise ToolchainError(f"place and route failed for every seed ({', '.join(map(str, seeds))}): "
+                             f"{summary[0]['error']}")
+    best = max(ok, key=lambda s: (s["fmax_mhz"], -s["seed"]))["seed"]
+    for f in ("report.json", "nextpnr.log"):
+        shutil.copyfile(Path(work) / f"seed{best}" / f, Path(work) / f)
+    return best, runs[best][1], summary
+
+
+def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, placer=None,
+               use_cache=True, progress=None, check=True, jobs=None, pnr_timeout=None):
     """Synthesize (and place and route, where the open toolchain can) ``top`` for ``board``.
 
     Parameters
@@ -458,6 +539,12 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, placer=None, 
     top : ``"accelerator"``, ``"array"`` or None (:func:`default_top`).
     seed : int
         nextpnr placer seed.
+    seeds : list of int or None
+        Place and route the one netlist with each of these seeds (``jobs`` at a time, each
+        limited to ``pnr_timeout`` seconds) and keep the fastest placement: its Fmax,
+        critical path and report are the result's, ``nextpnr.seed`` names it and
+        ``seeds`` lists every run. Placement sets Fmax within a wide band on a large
+        design (126-147 MHz on the 8x8 accelerator), so one seed is one sample of it.
     placer : ``"heap"``, ``"static"``, ``"sa"`` or None (:func:`default_placer`: static
         on the ECP5, heap on the iCE40).
     use_cache : bool
@@ -480,6 +567,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, placer=None, 
     board = get_board(board)
     top = top or default_top()
     placer = _placer(board, placer)
+    seeds = list(dict.fromkeys(seeds)) if seeds else [seed]
     step = progress or (lambda s: None)
     t0 = time.perf_counter()
     step("fit check")
@@ -494,7 +582,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, placer=None, 
     # developer knob: extra nextpnr options (e.g. ``--detailed-timing-report``, read by
     # ``scripts/late_endpoints.py``); part of the cache key
     extra = os.environ.get("DNNFAB_NEXTPNR_ARGS", "").split()
-    key = _key(text, board, top, freq, seed, versions, placer) + ("_" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:6]
+    key = _key(text, board, top, freq, seeds[0] if len(seeds) == 1 else seeds, versions, placer) + ("_" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:6]
                                                          if extra else "")
     work = cache_dir() / board.id / f"{top}_{cfg.rows}x{cfg.cols}_{key}"
     result_path = work / "result.json"
@@ -507,8 +595,9 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, placer=None, 
             pass
     work.mkdir(parents=True, exist_ok=True)
     (work / "design.il").write_text(text)
-    write_constraints(cfg, board, work, module=module, seed=seed, placer=placer)
+    write_constraints(cfg, board, work, module=module, seed=seeds[0], placer=placer)
     notes = []
+    seed_runs = None
 
     step(f"yosys synth_{board.family if board.family != 'xc7' else 'xilinx'}")
     mapper = "abc9"
@@ -539,15 +628,23 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, placer=None, 
             notes.append(f"after synthesis {', '.join(f'{k} {syn[k]}/{avail[k]}' for k in over)} "
                          f"exceed the device; place and route skipped")
         else:
-            step(f"{_PNR[board.family]} place & route @ {freq:g} MHz")
-            _run_tool(_PNR[board.family], _nextpnr_args(board, freq, seed=seed, placer=placer) + extra,
-                      work, "nextpnr.log")
-            report = json.loads((work / "report.json").read_text())
+            if len(seeds) == 1:
+                step(f"{_PNR[board.family]} place & route @ {freq:g} MHz")
+                fmax, report = _pnr(board, freq, seeds[0], placer, extra, work, pnr_timeout)
+                seed = seeds[0]
+            else:
+                step(f"{_PNR[board.family]} place & route @ {freq:g} MHz, seeds "
+                     f"{', '.join(map(str, seeds))}")
+                seed, report, seed_runs = _pnr_seeds(board, freq, seeds, placer, extra, work, jobs,
+                                                     step, pnr_timeout)
+                fmax = next(s["fmax_mhz"] for s in seed_runs if s["seed"] == seed)
+                # synth.sh reproduces the kept placement
+                write_constraints(cfg, board, work, module=module, seed=seed, placer=placer)
+                notes.append(f"placed and routed with seeds {', '.join(map(str, seeds))}; kept seed "
+                             f"{seed} (" + ", ".join(f"{s['seed']}: " + (f"{s['fmax_mhz']:.1f}"
+                                                     if s["fmax_mhz"] is not None else "failed")
+                                                     for s in seed_runs) + " MHz)")
             pnr = _pnr_resources(board.family, report.get("utilization", {}))
-            clocks = report.get("fmax", {})
-            if clocks:
-                ck = clocks.get("clk") or next(iter(clocks.values()))
-                fmax = round(float(ck["achieved"]), 2)
             crit = _critical_path(report)
             pnr_ok = True
     resources = {}
@@ -589,6 +686,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, placer=None, 
         "critical_path": crit,
         "nextpnr": None if not board.has_open_pnr else {"placer": placer, "seed": seed,
                                                         "extra_args": extra},
+        "seeds": seed_runs,
         "tool_versions": versions,
         "lut_mapper": mapper,
         "wall_s": round(time.perf_counter() - t0, 2),

@@ -308,11 +308,19 @@ class ComputeEngine(wiring.Component):
             self.wgt_rd_en.eq(w_issue), self.wgt_rd_addr.eq(w_addr),
         ]
         with m.If(w_load):
-            m.d.sync += [w_valid.eq(1), w_addr.eq(wj.w_base), w_left.eq(wj.rows_m2)]
+            m.d.sync += w_valid.eq(1)
         with m.Elif(w_job_done):
             m.d.sync += w_valid.eq(0)
-        with m.Elif(w_issue):
-            m.d.sync += [w_addr.eq(w_addr + 1), w_left.eq(w_left - 1)]
+        # The counters' enable and load select are functions of flip-flops only (not of
+        # ``w_load``, which needs the queue flag and the issue decision: that enable,
+        # fanned out to 41 flip-flops, was a 7.4 ns path). While idle they load the queue's
+        # head every cycle (harmless until it is valid: ``w_valid`` says when), and a
+        # job's last issue loads it too (the next job's start values, or don't-care).
+        with m.If(~w_valid | w_cred):
+            with m.If(~w_valid | w_left[-1]):
+                m.d.sync += [w_addr.eq(wj.w_base), w_left.eq(wj.rows_m2)]
+            with m.Else():
+                m.d.sync += [w_addr.eq(w_addr + 1), w_left.eq(w_left - 1)]
         w_pop = Signal()
         m.d.comb += w_pop.eq(wfifo.r_rdy & wfifo.r_en)
         m.d.sync += w_cred.eq(_credit(m, "w_cnt", w_issue, w_pop, WD))
@@ -556,17 +564,26 @@ class ComputeEngine(wiring.Component):
                      b_load.eq(bq_valid & (~bj_valid | job_end))]
         m.d.comb += [accmem.r_addr.eq(acc_addr), accmem.r_en.eq(beat)]
         with m.If(b_load):
-            m.d.sync += [bj_valid.eq(1), bj.eq(bq), p_left.eq(bq.pix_m2), kt_left.eq(bq.kt_m2),
-                         kt_first.eq(1), acc_addr.eq(bq.acc_base), out_addr.eq(bq.out_base)]
+            m.d.sync += bj_valid.eq(1)
         with m.Elif(job_end):
             m.d.sync += bj_valid.eq(0)
+        # Enables and selects are functions of flip-flops only (``beat``, ``bj_valid`` and
+        # the counters' sign bits), not of ``b_load``, which needs the queue head's flag
+        # too: that enable, fanned out to ~70 flip-flops, was a 7.9 ns path. The job and
+        # the counters load the queue head while no job is current (every cycle until
+        # ``b_load``; don't-care until then) and at a job's last beat (the next job, or
+        # don't-care when none is queued: ``bj_valid`` drops and the idle loading takes over).
+        with m.If(~bj_valid | job_end):
+            m.d.sync += bj.eq(bq)
+        with m.If(~bj_valid | (beat & last_p & last_kt)):
+            m.d.sync += [p_left.eq(bq.pix_m2), kt_left.eq(bq.kt_m2), kt_first.eq(1),
+                         acc_addr.eq(bq.acc_base), out_addr.eq(bq.out_base)]
+        with m.Elif(beat & last_p):
+            m.d.sync += [p_left.eq(bj.pix_m2), kt_left.eq(kt_left - 1), kt_first.eq(0),
+                         acc_addr.eq(bj.acc_base), out_addr.eq(bj.out_base)]
         with m.Elif(beat):
-            with m.If(last_p):
-                m.d.sync += [p_left.eq(bj.pix_m2), kt_left.eq(kt_left - 1), kt_first.eq(0),
-                             acc_addr.eq(bj.acc_base), out_addr.eq(bj.out_base)]
-            with m.Else():
-                m.d.sync += [p_left.eq(p_left - 1), acc_addr.eq(acc_addr + 1),
-                             out_addr.eq(out_addr + bj.out_stride)]
+            m.d.sync += [p_left.eq(p_left - 1), acc_addr.eq(acc_addr + 1),
+                         out_addr.eq(out_addr + bj.out_stride)]
 
         # stage B registers
         b_valid = Signal(); b_first = Signal(); b_last = Signal(); b_end = Signal()

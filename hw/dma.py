@@ -569,6 +569,11 @@ class DMA(wiring.Component):
         lb = (cfg.bus_bytes - 1).bit_length()
         ab = cfg.addr_bits
         error = self.error
+        # Two copies of the sticky flag, one per engine, each a register of its own (the
+        # same rule as ``error``, fed back from itself, so yosys keeps them apart): the flag
+        # gates both engines' issue and intake logic, which sit at opposite ends of the
+        # DMA; one register for both put a 5.8 ns route into the write intake's enables.
+        err_rd, err_wr = Signal(name="err_rd"), Signal(name="err_wr")
 
         # ================================================================ read engine
         agr = m.submodules.rd_bursts = _BurstGen(cfg)
@@ -578,7 +583,7 @@ class DMA(wiring.Component):
         rd_kill = Signal()          # draining after an error: suppress writes and done pulses
         rd_kill_r = Signal()
         rd_empty_wait = Signal()    # an empty command waits for the earlier ones to finish
-        m.d.comb += rd_kill.eq(error | rd_kill_r)
+        m.d.comb += rd_kill.eq(err_rd | rd_kill_r)
 
         # intake register: a command is held in ``rdesc`` (with its flags precomputed) and
         # starts from there, so no path runs from the controller's payload register (placed
@@ -619,8 +624,8 @@ class DMA(wiring.Component):
             # the burst generator advances regardless of an error (it is aborted then): the
             # error only gates the AR register and the in-flight FIFO
             agr.next.eq(agr.active & rinfo.w_rdy & (~bus.arvalid | bus.arready)),
-            ar_load.eq(agr.next & ~error),
-            agr.abort.eq(error),
+            ar_load.eq(agr.next & ~err_rd),
+            agr.abort.eq(err_rd),
             bus.arid.eq(0),
             bus.arsize.eq(lb),
             bus.arburst.eq(BURST_INCR),
@@ -661,11 +666,11 @@ class DMA(wiring.Component):
             self.rd_beat.eq(bus.rvalid & bus.rready),
             self.rd_done.eq(r_beat & bus.rlast & rhead.last & ~r_bad & ~rd_kill),
         ]
-        with m.If(rd_empty_wait & (error | ~rinfo.r_rdy)):
+        with m.If(rd_empty_wait & (err_rd | ~rinfo.r_rdy)):
             m.d.sync += rd_empty_wait.eq(0)
             with m.If(~rd_kill):
                 m.d.sync += self.rd_done.eq(1)
-        with m.If(error):
+        with m.If(err_rd):
             m.d.sync += rd_kill_r.eq(1)
         with m.Elif(~rinfo.r_rdy):
             m.d.sync += rd_kill_r.eq(0)
@@ -700,7 +705,7 @@ class DMA(wiring.Component):
         win_bad = Signal()
         win_lo_bad, win_hi_bad, win_wrap = Signal(), Signal(), Signal()
         m.d.comb += win_bad.eq(win_lo_bad | win_hi_bad | win_wrap)
-        m.d.comb += wr_kill.eq(error | wr_kill_r)
+        m.d.comb += wr_kill.eq(err_wr | wr_kill_r)
         wb_end = Signal(ab + 50)            # registered in SUM, compared in CMP (Fmax)
         bfifo_layout = data.StructLayout({"addr": unsigned(ab), "last": unsigned(1)})
         bfifo = m.submodules.wr_inflight = RegFIFO(bfifo_layout.size, max(self.max_wr_bursts, 2), late_write=False)
@@ -777,7 +782,7 @@ class DMA(wiring.Component):
                              win_wrap.eq(wb_end[ab:] != 0)]
                 m.next = "CHECK"
             with m.State("CHECK"):
-                with m.If(error):
+                with m.If(err_wr):
                     m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
                 with m.Elif(w_empty):
@@ -791,12 +796,12 @@ class DMA(wiring.Component):
                     m.next = "START"
             with m.State("START"):
                 # (w_go: this state as a flag of its own, so the start is two gates deep)
-                m.d.comb += agw.start.eq(w_go & ~error & ~agw.active)
-                with m.If(error | ~agw.active):
+                m.d.comb += agw.start.eq(w_go & ~err_wr & ~agw.active)
+                with m.If(err_wr | ~agw.active):
                     m.d.sync += [w_go.eq(0), in_idle.eq(1)]
                     m.next = "IDLE"
             with m.State("EMPTY"):
-                with m.If(error):
+                with m.If(err_wr):
                     m.d.sync += in_idle.eq(1)
                     m.next = "IDLE"
                 with m.Elif(~agw.active & ~bfifo.r_rdy):
@@ -810,8 +815,8 @@ class DMA(wiring.Component):
             # (wbq holds no more entries than bfifo: a burst leaves wbq before its W data, and
             # its B comes after them, so bfifo's room implies wbq's)
             agw.next.eq(agw.active & bfifo.w_rdy & (~bus.awvalid | bus.awready)),
-            aw_load.eq(agw.next & ~error),
-            agw.abort.eq(error),
+            aw_load.eq(agw.next & ~err_wr),
+            agw.abort.eq(err_wr),
             bus.awid.eq(0),
             bus.awsize.eq(lb),
             bus.awburst.eq(BURST_INCR),
@@ -890,7 +895,7 @@ class DMA(wiring.Component):
             bfifo.r_en.eq(b_beat),
         ]
         m.d.sync += self.wr_done.eq((b_beat & bhead.last & ~b_bad & ~wr_kill) | w_empty_done)
-        with m.If(error):
+        with m.If(err_wr):
             m.d.sync += wr_kill_r.eq(1)
         with m.Elif(w_idle):
             m.d.sync += wr_kill_r.eq(0)
@@ -906,7 +911,7 @@ class DMA(wiring.Component):
         m.d.comb += ev.eq(r_bad | b_bad | win_err)
         # the flag itself is a register: ev | (error & ~clear) is the old rule
         # "set on an event unless already set (or cleared in the same cycle)"
-        m.d.sync += error.eq(ev | (error & ~self.clear))
+        m.d.sync += [e.eq(ev | (e & ~self.clear)) for e in (error, err_rd, err_wr)]
         r_bad_d, b_bad_d, win_err_d, clr_d = Signal(), Signal(), Signal(), Signal()
         r_addr_d, b_addr_d = Signal(ab), Signal(ab)
         m.d.sync += [r_bad_d.eq(r_bad), b_bad_d.eq(b_bad), win_err_d.eq(win_err), clr_d.eq(self.clear),

@@ -6,6 +6,7 @@ WebAssembly compile of the tools); the larger ones are marked slow.
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +63,44 @@ def test_ecp5_array_synth_pnr_end_to_end(cache):
     json.dumps(res)                                     # JSON-serialisable as is
     again = synthesize(cfg, "ulx3s-85f", "array")
     assert again["cached"] is True and again["fmax_mhz"] == res["fmax_mhz"]
+
+
+@pytest.mark.synth
+@needs_tools
+def test_ecp5_seed_sweep_keeps_the_fastest_placement(cache):
+    """``--seeds``: one netlist, several placements, the fastest one is the result."""
+    cfg = AcceleratorConfig(rows=2, cols=2, clock_mhz=100)
+    steps = []
+    res = synthesize(cfg, "ulx3s-85f", "array", seeds=[1, 2], jobs=2, progress=steps.append)
+    runs = res["seeds"]
+    assert [r["seed"] for r in runs] == [1, 2]
+    assert all(r["fmax_mhz"] > 60 and r["critical_path"]["delay_ns"] > 0 for r in runs)
+    best = max(runs, key=lambda r: r["fmax_mhz"])
+    assert res["fmax_mhz"] == best["fmax_mhz"] and res["nextpnr"]["seed"] == best["seed"]
+    work = Path(res["work_dir"])
+    # the kept placement's report and log are the work dir's; synth.sh reproduces that seed
+    kept = json.loads((work / "report.json").read_text())
+    assert round(float(kept["fmax"]["clk"]["achieved"]), 2) == res["fmax_mhz"]
+    assert (work / "nextpnr.log").read_text() == (work / f"seed{best['seed']}" / "nextpnr.log").read_text()
+    assert f"--seed {best['seed']} " in (work / "synth.sh").read_text()
+    assert not (work / "seed1" / "synth.json").exists()
+    assert any("seeds done" in s for s in steps)
+    # each seed's run is the same as a single-seed synthesis with that seed
+    one = synthesize(cfg, "ulx3s-85f", "array", seed=2)
+    assert one["fmax_mhz"] == runs[1]["fmax_mhz"]
+    again = synthesize(cfg, "ulx3s-85f", "array", seeds=[1, 2])
+    assert again["cached"] is True and again["seeds"] == runs
+
+
+def test_seeds_option_errors(capsys, cache):
+    for argv in (["--seeds", "0"], ["--seeds", "1,x"], ["--seeds", "2", "--sweep", "rows=2,4"],
+                 ["--pnr-timeout", "-5"]):
+        rc = cli.main(["synth", "--board", "ulx3s-85f", "--rows", "2", "--cols", "2",
+                       "--top", "array", *argv])
+        assert rc == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], err
+        assert "--seeds" in err[0] or "--pnr-timeout" in err[0]
 
 
 def test_missing_toolchain_says_how_to_install(monkeypatch, capsys, cache):
