@@ -38,6 +38,10 @@ LAYERS_SMALL = [
     # one pixel, 3x3 padded kernel, two channel blocks: every issue is a K-tile jump, through
     # cb, kw and kh in turn, mostly into the padding
     dict(cin=6, cout=5, k=3, stride=1, pad=1, hw=[1, 1], seed=10, name="pixel3x3"),
+    # jobs of 256, 256, 256, 256, 1, 1 pixels with one K tile each: a one-beat job right
+    # behind a long one (two back-end job ends one cycle apart), then another one-beat job
+    # (the back end's next-job register refills a cycle after each take)
+    dict(cin=3, cout=8, k=1, stride=1, pad=0, hw=[513, 1], seed=17, name="tail1"),
 ]
 LAYERS_8 = [
     dict(cin=3, cout=10, k=3, stride=1, pad=1, hw=[12, 10], seed=11),
