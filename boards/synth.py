@@ -106,7 +106,8 @@ def _run_tool(tool, argv, cwd, log_name, timeout=None):
                                   stderr=subprocess.STDOUT, timeout=timeout or TOOL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise ToolchainError(f"{tool} did not finish in {timeout or TOOL_TIMEOUT_S:.0f} s; "
-                                 f"see {log} (raise DNNFAB_SYNTH_TIMEOUT or use a smaller config)") from None
+                                 f"see {log} (raise the limit: --pnr-timeout for place and route, "
+                                 f"DNNFAB_SYNTH_TIMEOUT for every tool; or try another --seed)") from None
     if proc.returncode != 0:
         text = log.read_text(errors="replace")
         errs = [ln.strip() for ln in text.splitlines() if "ERROR" in ln]

@@ -92,6 +92,18 @@ def test_ecp5_seed_sweep_keeps_the_fastest_placement(cache):
     assert again["cached"] is True and again["seeds"] == runs
 
 
+@pytest.mark.synth
+@needs_tools
+def test_seed_sweep_reports_runs_past_the_timeout(cache):
+    """A seed that runs past ``pnr_timeout`` is dropped; when every seed is, the error
+    names the seeds and the limit, and nothing is cached as a result."""
+    from dnnfab.errors import ToolchainError
+    cfg = AcceleratorConfig(rows=2, cols=2, clock_mhz=100)
+    with pytest.raises(ToolchainError, match=r"every seed \(1, 2\).*did not finish in 0 s.*--pnr-timeout"):
+        synthesize(cfg, "ulx3s-85f", "array", seeds=[1, 2], jobs=2, pnr_timeout=0.2)
+    assert not list(cache.rglob("result.json"))
+
+
 def test_seeds_option_errors(capsys, cache):
     for argv in (["--seeds", "0"], ["--seeds", "1,x"], ["--seeds", "2", "--sweep", "rows=2,4"],
                  ["--pnr-timeout", "-5"]):
