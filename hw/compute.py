@@ -39,7 +39,7 @@ from .systolic import SystolicArray, min_tile_rows
 from .postproc import Requantizer, LATENCY as RQ_LATENCY
 from .pe import registered_mul, MUL_LATENCY, dreg
 from .scratchpad import RegisteredRAM, RAM_READ_LATENCY, SP_READ_LATENCY, dup_reg
-from .dma import RegFIFO
+from .dma import RegFIFO, thermometer
 
 __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
 
@@ -54,11 +54,7 @@ def _credit(m, name, inc, dec, limit, split=False):
     of the register: no adder and no compare sits on the path (``cnt + inc`` put a carry
     chain into the feeder's issue loop, 7.6 ns; compares of a binary count, 7.1 ns).
     With ``split``, returns the two values for ``inc`` = 1 and ``inc`` = 0 instead."""
-    t = Signal(limit, name=name)
-    for i in range(limit):
-        below = t[i - 1] if i else Const(1)
-        above = t[i + 1] if i + 1 < limit else Const(0)
-        m.d.sync += t[i].eq(Mux(inc & ~dec, below, Mux(dec & ~inc, above, t[i])))
+    t = thermometer(m, name, limit, inc, dec)
     lt = ~t[limit - 1]                                   # count < limit
     lt_m1 = ~t[limit - 2]                                # count < limit - 1
     if split:

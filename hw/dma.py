@@ -191,6 +191,18 @@ class Descriptor:
         return out
 
 
+def thermometer(m, name, n, up, down):
+    """A count of ``0..n`` as an ``n``-bit thermometer code (bit ``i``: count > ``i``),
+    stepped by ``up`` and ``down`` (both: unchanged). Each bit's next value is one gate
+    after the two; compares with constants are single bits (``t[k]``: count > ``k``)."""
+    t = Signal(n, name=name)
+    for i in range(n):
+        below = t[i - 1] if i else Const(1)
+        above = t[i + 1] if i + 1 < n else Const(0)
+        m.d.sync += t[i].eq(Mux(up & ~down, below, Mux(down & ~up, above, t[i])))
+    return t
+
+
 class RegFIFO(Elaboratable):
     """First-word-fall-through FIFO whose ``r_rdy``/``w_rdy`` are registers (Fmax).
 
@@ -240,18 +252,11 @@ class RegFIFO(Elaboratable):
         else:
             m.d.comb += we_d.eq(self.w_en)
 
-        def thermometer(name, up, down):
-            t = Signal(n, name=name)
-            for i in range(n):
-                below = t[i - 1] if i else Const(1)
-                above = t[i + 1] if i + 1 < n else Const(0)
-                m.d.sync += t[i].eq(Mux(up & ~down, below, Mux(down & ~up, above, t[i])))
-            return t
-        stored = thermometer("stored", we_d, self.r_en)
+        stored = thermometer(m, "stored", n, we_d, self.r_en)
         m.d.comb += self.r_rdy.eq(stored[0])
         if self.late_write:
             # entries stored or being stored
-            occupied = thermometer("occupied", self.w_en, self.r_en)
+            occupied = thermometer(m, "occupied", n, self.w_en, self.r_en)
         else:
             occupied = stored
         m.d.comb += self.w_rdy.eq(~occupied[n - 1])

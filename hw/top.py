@@ -159,41 +159,39 @@ class Accelerator(wiring.Component):
         m.d.comb += csr.irq_status_set.eq(Cat(ended, ended & status[2]))
         m.d.comb += self.irq.eq((csr.irq_status & csr.irq_enable) != 0)
 
-        # performance counters (cleared by START)
-        incs = {
-            "CYCLES": ctrl.busy,
-            "BUSY_CYCLES": comp.act_beat,
-            "MACS": comp.act_beat * (R * C),
-            "DMA_RD_BYTES": dma.rd_beat * cfg.bus_bytes,
-            "DMA_WR_BYTES": dma.wr_beat * cfg.bus_bytes,
-            "STALL_CYCLES": None,                       # (below: from registered terms)
-            "INSNS": ctrl.retired,
+        # performance counters (cleared by START). Each increment is registered twice
+        # first: its inputs come from deep inside the blocks (e.g. the compute engine's
+        # back-end handshake), and the 64-bit adder after them was the whole design's
+        # critical path (13.1 ns, 76.5 MHz); with one register, the route from it to the
+        # counter (which sits by the CSR read multiplexer) still ended the INSNS carry chain
+        # 8.3 ns late. An increment made of several terms has each term registered on its
+        # own and combines them in the second stage (STALL_CYCLES: the compute engine's
+        # ``idle``, the AND after it and the route between them were a 6.7 ns path).
+        # Counts lag by two cycles; every increment is 0 outside a run, so a START-cleared
+        # counter never picks up a stale one.
+        def one(v):
+            return [v], lambda t: t
+        incs = {                                    # name: (terms, their combination)
+            "CYCLES": one(ctrl.busy),
+            "BUSY_CYCLES": one(comp.act_beat),
+            "MACS": one(comp.act_beat * (R * C)),
+            "DMA_RD_BYTES": one(dma.rd_beat * cfg.bus_bytes),
+            "DMA_WR_BYTES": one(dma.wr_beat * cfg.bus_bytes),
+            "STALL_CYCLES": ([ctrl.busy, comp.act_beat, ctrl.compute_waiting, comp.idle],
+                             lambda busy, beat, waiting, idle: busy & ~beat & (waiting | ~idle)),
+            "INSNS": one(ctrl.retired),
         }
         assert set(incs) == set(COUNTERS)
-        for name, inc in incs.items():
-            cnt = Signal(64, name=f"perf_{name.lower()}")
-            # the increment is registered twice first: its inputs come from deep inside the
-            # blocks (e.g. the compute engine's back-end handshake), and the 64-bit adder
-            # after them was the whole design's critical path (13.1 ns, 76.5 MHz); with one
-            # register, the route from it to the counter (which sits by the CSR read
-            # multiplexer) still ended the INSNS carry chain 8.3 ns late. Counts lag by two
-            # cycles; every increment is 0 outside a run, so a START-cleared counter never
-            # picks up a stale one.
+        for name, (terms, combine) in incs.items():
+            low = name.lower()
+            cnt = Signal(64, name=f"perf_{low}")
             shape = (range(int(R * C) + 1) if name == "MACS" else
                      range(cfg.bus_bytes + 1) if name.startswith("DMA") else 1)
-            inc_q = Signal(shape, name=f"perf_{name.lower()}_inc")
-            if name == "STALL_CYCLES":
-                # (each term registered on its own first, combined in the second stage: the
-                # compute engine's ``idle`` is an OR of its state flags, and that OR, the
-                # AND here and the route between them were a 6.7 ns path)
-                terms = [ctrl.busy, comp.act_beat, ctrl.compute_waiting, comp.idle]
-                t_p = [Signal(name=f"perf_stall_t{i}") for i in range(len(terms))]
-                m.d.sync += [a.eq(b) for a, b in zip(t_p, terms)]
-                busy_p, beat_p, wait_p, idle_p = t_p
-                m.d.sync += inc_q.eq(busy_p & ~beat_p & (wait_p | ~idle_p))
-            else:
-                inc_p = Signal(shape, name=f"perf_{name.lower()}_inc_p")
-                m.d.sync += [inc_p.eq(inc), inc_q.eq(inc_p)]
+            t_p = ([Signal(shape, name=f"perf_{low}_inc_p")] if len(terms) == 1 else
+                   [Signal(name=f"perf_{low}_t{i}") for i in range(len(terms))])
+            inc_q = Signal(shape, name=f"perf_{low}_inc")
+            m.d.sync += [a.eq(b) for a, b in zip(t_p, terms)]
+            m.d.sync += inc_q.eq(combine(*t_p))
             with m.If(start):
                 m.d.sync += cnt.eq(0)
             with m.Else():
