@@ -73,7 +73,9 @@ class _TokenCounter:
         ge2 = Signal(name=f"tok_{name}_ge2")    # count - dec_d >= 2
         eq1 = Signal(name=f"tok_{name}_eq1")    # count - dec_d == 1
         m.d.comb += [
-            ge2.eq((c[2:] != 0) | ((c == 2) & ~dec_d) | ((c == 3) & dec_d)),
+            # count >= 3, or count == 2 with no decrement pending (count is never 0 while
+            # dec_d is set: dec is raised only while available)
+            ge2.eq((c[2:] != 0) | (c == 3) | ((c == 2) & ~dec_d)),
             eq1.eq(((c == 1) & ~dec_d) | ((c == 2) & dec_d)),
         ]
         m.d.sync += [
