@@ -32,8 +32,11 @@ def load(model, batch=1, input_shapes=None, name=None):
     return import_onnx(proto, batch=batch, input_shapes=input_shapes, name=name)
 
 
-def quantize(graph, calibration=None, method="minmax", percentile=99.99):
-    """Post-training int8 quantization; see :func:`dnnfab.sw.quantize.quantize_graph`."""
+def quantize(graph, calibration=None, method="minmax", percentile=99.99, reduce_range=False):
+    """Post-training int8 quantization; see :func:`dnnfab.sw.quantize.quantize_graph`.
+    ``reduce_range=True``: 7-bit weights, so onnxruntime's optimized session runs the
+    exported QDQ model exactly also on x86 CPUs without VNNI (docs/frontend.md)."""
     if not isinstance(graph, Graph):
         graph = load(graph)
-    return quantize_graph(graph, calibration=calibration, method=method, percentile=percentile)
+    return quantize_graph(graph, calibration=calibration, method=method, percentile=percentile,
+                          reduce_range=reduce_range)

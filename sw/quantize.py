@@ -8,7 +8,11 @@ Number formats
 --------------
 * Activations: int8 per tensor, ``real = s * (q - z)``, z in [-128, 127]. Scales are
   float32. Ranges come from calibration (``minmax`` or ``percentile``), always include 0.
-* Weights: int8 symmetric per output channel, q in [-127, 127] (never -128).
+* Weights: int8 symmetric per output channel, q in [-127, 127] (never -128); with
+  ``reduce_range=True`` 7-bit, q in [-63, 63]: then every pair of uint8 x int8 products
+  stays within int16 (2 * 255 * 63 < 2^15), so onnxruntime's fused int8 kernels on x86
+  CPUs without VNNI (which sum such pairs in saturating int16) compute the exported QDQ
+  model exactly too. It costs one bit of weight resolution.
 * Bias: int32 at scale ``s_x * s_w[c]``; the input zero point is folded offline:
   ``bias'[c] = round(b[c] / (s_x s_w[c])) - z_x * sum(q_w[c])`` (field ``bias``; the
   unfolded value is kept in ``bias_q`` for the QDQ export).
@@ -363,6 +367,8 @@ class QuantizedGraph:
     """
 
     kind = "int8"
+    #: weights quantized to 7 bits ([-63, 63]; ``quantize(..., reduce_range=True)``)
+    reduce_range = False
 
     def __init__(self, name, inputs, outputs, layers, qtensors, shapes, float_graph=None):
         self.name = name
@@ -511,13 +517,17 @@ def qtensor_from_range(lo, hi):
 
 
 # ====================================================================== quantizer
-def quantize_graph(graph, calibration=None, method="minmax", percentile=99.99):
+def quantize_graph(graph, calibration=None, method="minmax", percentile=99.99,
+                   reduce_range=False):
     """Quantize a float graph to int8 (see the module docstring).
 
     calibration: representative inputs -- an array [N, ...] (single-input models), a dict
     {input: array [N, ...]}, or an iterable of arrays/dicts. ``None`` uses 8 standard
     normal samples (only meaningful for smoke tests). method: ``"minmax"`` or
     ``"percentile"`` (``percentile`` of each tensor, averaged over the samples).
+    reduce_range: 7-bit weights (q in [-63, 63]) so that onnxruntime's optimized session
+    runs the exported QDQ model exactly on CPUs without VNNI as well (see the module
+    docstring); the result records it as ``QuantizedGraph.reduce_range``.
     """
     if not isinstance(graph, Graph):
         raise InputError(f"quantize() needs a graph from dnnfab.load(), got "
@@ -530,16 +540,18 @@ def quantize_graph(graph, calibration=None, method="minmax", percentile=99.99):
     with np.errstate(all="ignore"):
         for feed in feeds:
             graph.run(feed, observer=obs)
-    return _Quantizer(graph, obs).build()
+    return _Quantizer(graph, obs, reduce_range=reduce_range).build()
 
 
 _SHARES_INPUT_PARAMS = ("maxpool", "clip", "reshape", "transpose")
 
 
 class _Quantizer:
-    def __init__(self, graph, obs):
+    def __init__(self, graph, obs, reduce_range=False):
         self.g = graph
         self.obs = obs
+        self.reduce_range = bool(reduce_range)
+        self.wmax = 63 if reduce_range else 127  # symmetric weight codes in [-wmax, wmax]
         self.qt = {}
         self.prod = graph.producers()
         self.cons = graph.consumers()
@@ -572,11 +584,14 @@ class _Quantizer:
             q = getattr(self, f"q_{layer.op}", self.q_float)(layer)
             layers.append(q)
         shapes = {k: v.shape for k, v in g.tensors.items()}
-        return QuantizedGraph(g.name, g.inputs, g.outputs, layers, self.qt, shapes, g)
+        q = QuantizedGraph(g.name, g.inputs, g.outputs, layers, self.qt, shapes, g)
+        q.reduce_range = self.reduce_range
+        return q
 
     # ---------------------------------------------------------------- helpers
     def _weights(self, layer, sx):
-        """Per-channel symmetric int8 weights and their float scales."""
+        """Per-channel symmetric int8 weights (codes in [-wmax, wmax]) and their float
+        scales. A QDQ model's own int8 weights are kept when they fit that range."""
         w = layer.params["weight"].astype(np.float64)
         cout = w.shape[0]
         wf = w.reshape(cout, -1)
@@ -584,15 +599,17 @@ class _Quantizer:
         if qi is not None:
             q, s, z, axis = qi
             q = np.asarray(q)
+            fits = not self.reduce_range or \
+                np.abs(q.astype(np.int16)).max(initial=0) <= self.wmax
             if q.dtype == np.int8 and not np.any(np.asarray(z)) and axis == 0 and \
-                    q.shape[0] == cout and q.size == w.size:
+                    q.shape[0] == cout and q.size == w.size and fits:
                 sw = np.broadcast_to(np.asarray(s, np.float64).reshape(-1), (cout,)).copy()
                 return np.clip(q.reshape(w.shape), -127, 127).astype(np.int8), sw
         maxabs = np.abs(wf).max(axis=1)
         b = np.abs(layer.params["bias"].astype(np.float64))
-        sw = np.maximum(maxabs / 127.0, b / (float(sx) * 2.0**24))
+        sw = np.maximum(maxabs / float(self.wmax), b / (float(sx) * 2.0**24))
         sw = np.where(sw > 0, sw, 1.0)
-        qw = np.clip(np.rint(w / sw.reshape((-1,) + (1,) * (w.ndim - 1))), -127, 127)
+        qw = np.clip(np.rint(w / sw.reshape((-1,) + (1,) * (w.ndim - 1))), -self.wmax, self.wmax)
         return qw.astype(np.int8), sw
 
     def _mac_layer(self, layer):

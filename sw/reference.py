@@ -13,11 +13,16 @@ Two implementations of every arithmetic kernel:
 * fast (``qconv_int``, ``qgemm_int``, ``qavgpool_int``, ``qeltwise_int``, ...):
   int8 x int8 products summed in float32 BLAS are exact while every partial sum stays
   below 2^24, so K is cut into chunks of at most 1024 (1024 * 128 * 127 < 2^24) and the
-  chunks are added in int32. Large GEMMs go to onnxruntime ``MatMulInteger`` instead
-  (uint8 activations x int8 weights, exact int32, VNNI speed): the activations are
-  shifted by +128 (``x ^ 0x80`` on the bit pattern) and ``-128 * sum(w[c])`` is folded
-  into the bias. That path is used only when ``255 * sum|w[c]| < 2^31`` and is checked
-  bit-identical to the numpy path once per process (and by the tests).
+  chunks are added in int32. Large GEMMs go to onnxruntime ``MatMulInteger`` instead,
+  **uint8 x uint8** (see :class:`_OrtMatMulInteger`): the activations are shifted by +128
+  (``x ^ 0x80`` on the bit pattern) and ``-128 * sum(w[c])`` is folded into the bias; the
+  weights are stored shifted by +128 too, with ``b_zero_point = 128``, so the session
+  returns ``(x + 128) @ w`` in int32. uint8 x int8 is *not* used: on x86 CPUs without
+  VNNI onnxruntime sums u8*s8 product pairs in saturating int16 (``vpmaddubsw``) and is
+  wrong on most outputs of a random product; no such instruction exists for u8 x u8, so
+  every u8 x u8 kernel widens to 16 bits and accumulates in int32 -- exact by
+  construction, on every CPU, with no run-time probe. Used when ``255 * 255 * K < 2^31``
+  (no int32 intermediate can overflow, whatever the order of the zero-point fix-up).
   Requantize runs in float64, which is exact here: ``acc * m`` < 2^46 and ``m * 2^-n`` is
   a 15-bit mantissa, so ``floor(acc * (m 2^-n) + 1/2)`` equals ``(acc*m + 2^(n-1)) >> n``.
 * slow (``qconv_int_slow``, ``qgemm_int_slow``, ...): loops with int64 arithmetic and the
@@ -50,12 +55,17 @@ BLOCK_DIAG_MAX_GROUPS = 8
 GROUPED_MAX_ROWS = 256   # grouped 1x1 convs with <= this many output pixels: per-group GEMMs
 ORT_MIN_MACS = 1 << 12   # below this numpy BLAS beats the ~5 us session call
 ORT_SINGLE_THREAD_MACS = 24 << 20  # smaller GEMMs run single-threaded (see PreparedGemm.ort)
-_ENGINE = {"name": os.environ.get("DNNFAB_GEMM_ENGINE", "auto"), "ort_ok": None}
+#: largest K of the uint8 x uint8 engine: 255 * 255 * K < 2^31 (no int32 overflow at all)
+ORT_MAX_K = (2**31 - 1) // (255 * 255)
+_ENGINE = {"name": os.environ.get("DNNFAB_GEMM_ENGINE", "auto"), "ort_import": None}
 
 
 def set_engine(name):
-    """Select the integer GEMM engine: 'numpy', 'ort' (onnxruntime MatMulInteger) or 'auto'
-    (ort for large layers when available). Returns the previous setting."""
+    """Select the integer GEMM engine: 'numpy' (float32 BLAS, K chunked at 1024), 'ort'
+    (onnxruntime uint8 x uint8 MatMulInteger) or 'auto' (ort for GEMMs of at least
+    :data:`ORT_MIN_MACS` MACs). Both are exact by construction and bit-identical; 'ort'
+    and 'auto' use numpy where onnxruntime is not installed or K > :data:`ORT_MAX_K`.
+    The initial setting comes from ``DNNFAB_GEMM_ENGINE``. Returns the previous setting."""
     if name not in ("numpy", "ort", "auto"):
         raise ValueError("engine must be 'numpy', 'ort' or 'auto'")
     old = _ENGINE["name"]
@@ -311,17 +321,35 @@ def _ort_session(nodes, inputs, outputs, inits, threads=None):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def _u8_weights(w):
+    """int8 weights as the uint8 ``w + 128`` of the u8 x u8 engine (``w ^ 0x80``)."""
+    return np.ascontiguousarray(w, dtype=np.int8).view(np.uint8) ^ np.uint8(0x80)
+
+
+def _matmul_u8u8_node(from_array, a, w_kn, y, tag=""):
+    """A ``MatMulInteger(a, w + 128, 0, 128)`` node and its initializers: uint8 x uint8
+    with the weight zero point 128, i.e. ``a @ w`` for int8 ``w`` (see the module
+    docstring for why not uint8 x int8)."""
+    from onnx import helper
+    wn, az, wz = f"w{tag}", f"az{tag}", f"wz{tag}"
+    inits = [from_array(_u8_weights(w_kn), wn), from_array(np.array(0, np.uint8), az),
+             from_array(np.array(128, np.uint8), wz)]
+    return helper.make_node("MatMulInteger", [a, wn, az, wz], [y]), inits
+
+
 class _OrtMatMulInteger:
-    """Cached onnxruntime session computing uint8 [M, K] x int8 [K, N] -> int32."""
+    """Cached onnxruntime session computing uint8 [M, K] x int8 [K, N] -> int32, exactly:
+    the session multiplies uint8 by the uint8 ``w + 128`` with weight zero point 128
+    (u8 x u8 kernels accumulate in int32, never in saturating int16; callers keep
+    ``255 * 255 * K < 2^31``)."""
 
     def __init__(self, w_kn, threads=None):
         from onnx import TensorProto, helper, numpy_helper
         k, n = w_kn.shape
+        node, inits = _matmul_u8u8_node(numpy_helper.from_array, "a", w_kn, "y")
         self.sess = _ort_session(
-            [helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
-            [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", k])],
-            [helper.make_tensor_value_info("y", TensorProto.INT32, ["M", n])],
-            [numpy_helper.from_array(np.ascontiguousarray(w_kn), "w")], threads)
+            [node], [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", k])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, ["M", n])], inits, threads)
 
     def __call__(self, a_u8):
         return self.sess.run(None, {"a": a_u8})[0]
@@ -330,7 +358,8 @@ class _OrtMatMulInteger:
 class _OrtGroupedMatMulInteger:
     """One onnxruntime session computing a grouped 1x1 convolution's accumulators:
     uint8 [M, g*K] -> Split into g column blocks -> MatMulInteger with int8 [K, N] each ->
-    Concat -> int32 [M, g*N]. Exact like :class:`_OrtMatMulInteger`; for small M it beats
+    Concat -> int32 [M, g*N]. Exact like :class:`_OrtMatMulInteger` (the same uint8 x uint8
+    form, ``255 * 255 * K < 2^31`` checked here); for small M it beats
     one dense GEMM with a block-diagonal weight matrix (g times the MACs): measured 25 vs
     37 us (M=196, g=4, K=N=68) and 17 vs 35 us (M=49, K=N=136), single-threaded."""
 
@@ -338,11 +367,14 @@ class _OrtGroupedMatMulInteger:
         from onnx import TensorProto, helper, numpy_helper
         g = len(ws)
         k = ws[0].shape[0]
+        if k > ORT_MAX_K:
+            raise ValueError(f"K = {k} > {ORT_MAX_K}: the int32 accumulators could overflow")
         nodes = [helper.make_node("Split", ["a", "sp"], [f"a{i}" for i in range(g)], axis=1)]
         inits = [numpy_helper.from_array(np.full(g, k, np.int64), "sp")]
         for i, w in enumerate(ws):
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.int8), f"w{i}"))
-            nodes.append(helper.make_node("MatMulInteger", [f"a{i}", f"w{i}"], [f"y{i}"]))
+            node, more = _matmul_u8u8_node(numpy_helper.from_array, f"a{i}", w, f"y{i}", str(i))
+            nodes.append(node)
+            inits += more
         nodes.append(helper.make_node("Concat", [f"y{i}" for i in range(g)], ["y"], axis=1))
         self.sess = _ort_session(
             nodes, [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", g * k])],
@@ -353,26 +385,23 @@ class _OrtGroupedMatMulInteger:
 
 
 def _ort_available():
-    if _ENGINE["ort_ok"] is None:
+    """True when onnxruntime can be imported (checked once). This is not an exactness
+    check: the uint8 x uint8 engine is exact by construction (see the module docstring)."""
+    if _ENGINE["ort_import"] is None:
         try:
-            rng = np.random.default_rng(1)
-            w = rng.integers(-127, 128, (300, 7)).astype(np.int8)
-            w[:, 0] = 127
-            w[:, 1] = -127
-            a = rng.integers(0, 256, (5, 300)).astype(np.uint8)
-            a[0] = 255
-            got = _OrtMatMulInteger(w)(a)
-            _ENGINE["ort_ok"] = bool(np.array_equal(got, a.astype(np.int64) @ w.astype(np.int64)))
-        except Exception:
-            _ENGINE["ort_ok"] = False
-    return _ENGINE["ort_ok"]
+            import onnxruntime  # noqa: F401
+            _ENGINE["ort_import"] = True
+        except ImportError:
+            _ENGINE["ort_import"] = False
+    return _ENGINE["ort_import"]
 
 
 class PreparedGemm:
     """Weights of one GEMM ([K, N] int8) in the forms the engines want, cached per layer.
 
     ``colsum`` = sum over K per output column (int64), used to fold the +128 shift.
-    ``ort_safe``: 255 * sum|w| < 2^31, i.e. the uint8 MatMulInteger cannot overflow.
+    ``ort_safe``: ``K <= ORT_MAX_K`` (255 * 255 * K < 2^31), so no int32 sum of the
+    uint8 x uint8 MatMulInteger can overflow.
     """
 
     def __init__(self, w_kn):
@@ -380,8 +409,7 @@ class PreparedGemm:
         self.k, self.n = self.w.shape
         self.wf = self.w.astype(np.float32)
         self.colsum = self.w.astype(np.int64).sum(axis=0)
-        self.ort_safe = bool(255 * np.abs(self.w.astype(np.int64)).sum(axis=0).max(initial=0)
-                             < 2**31)
+        self.ort_safe = self.k <= ORT_MAX_K
         self._ort = None
 
     def use_ort(self, m):
@@ -1014,8 +1042,8 @@ class FastPlan:
         out = L.output
         fused = self._shuffle_after(L, cons, outputs)
         if 1 < g and kh == kw == 1 and not any(L.pad) and n_ * ho * wo <= GROUPED_MAX_ROWS \
-                and cig * g == shape_cl[3] and _K.AVAILABLE and _ENGINE["name"] != "numpy" \
-                and _ort_available():
+                and cig * g == shape_cl[3] and cig <= ORT_MAX_K and _K.AVAILABLE \
+                and _ENGINE["name"] != "numpy" and _ort_available():
             return self._grouped_step(L, (n_, ho, wo, cout), fused, cons, outputs, skip)
         if fused is None or g > BLOCK_DIAG_MAX_GROUPS:
             fused = None

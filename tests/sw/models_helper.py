@@ -5,7 +5,13 @@
     stored files, which makes every logit identical) replaced by random initializers with
     sensible magnitudes (He-scaled conv/fc weights, BN statistics near identity), so
     numerical comparisons actually test something.
-``ort_run(model, feed, outputs=None)`` -- run a ModelProto in onnxruntime (2 threads).
+``ort_run(model, feed, outputs=None, optimized=False)`` -- run a ModelProto in onnxruntime
+    (2 threads). Default: ``ORT_ENABLE_BASIC``, where a QDQ model runs as written
+    (DequantizeLinear -> float op -> QuantizeLinear, the format's semantics: the oracle
+    the reference is compared with); ``optimized=True``: onnxruntime's default session,
+    whose fused int8 kernels saturate on x86 CPUs without VNNI (see ``ORT_INT8_SATURATES``).
+``ORT_INT8_SATURATES`` -- True on CPUs where onnxruntime's uint8 x int8 kernels sum
+    product pairs in saturating int16 (x86 with AVX2 but no VNNI/AMX; ``int8_cpu_class``).
 ``with_outputs(model, names)`` -- copy of a model exposing intermediate tensors as outputs.
 ``mk(...)`` helpers -- compact onnx.helper wrappers for the hand-built test models.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 
 import numpy as np
 import onnx
@@ -99,21 +106,72 @@ def randomized(name, seed=0):
 _SESS = {}
 
 
-def ort_session(model):
+def ort_session(model, optimized=False):
     data = model.SerializeToString()
-    key = hash(data)
+    key = (hash(data), bool(optimized))
     if key not in _SESS:
         so = ort.SessionOptions()
         so.intra_op_num_threads = 2
         so.log_severity_level = 3
+        if not optimized:
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         _SESS[key] = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     return _SESS[key]
 
 
-def ort_run(model, feed, outputs=None):
-    s = ort_session(model)
+def ort_run(model, feed, outputs=None, optimized=False):
+    s = ort_session(model, optimized)
     names = outputs or [o.name for o in s.get_outputs()]
     return dict(zip(names, s.run(names, feed)))
+
+
+def cpu_flags():
+    """The x86 feature flags of /proc/cpuinfo (empty set elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def int8_cpu_class():
+    """How onnxruntime's CPU (MLAS) uint8 x int8 GEMM kernels add products on this CPU:
+
+    * ``"vnni"`` -- x86 with AVX512-VNNI, AVX-VNNI or AMX: 4-term dot products into int32
+      (``vpdpbusd``), exact;
+    * ``"avx2"`` -- x86 with AVX2 (or AVX512BW) but none of those: pairs of u8*s8 products
+      summed in **saturating int16** (``vpmaddubsw``); wrong when ``|a1*w1 + a2*w2| >
+      32767``, impossible with 7-bit weights (2 * 255 * 63 < 2^15);
+    * ``"widening"`` -- other CPUs (x86 without AVX2, ARM, ...): operands widened to 16
+      bits or dot products into int32, exact;
+    * ``None`` -- x86 without /proc/cpuinfo (flags unknown).
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return "widening"
+    flags = cpu_flags()
+    if not flags:
+        return None
+    if flags & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+        return "vnni"
+    return "avx2" if "avx2" in flags else "widening"
+
+
+def bare_u8s8_matmul_is_exact():
+    """Whether a bare onnxruntime ``MatMulInteger`` uint8 x int8 computes a random
+    32x64x16 product with extreme values exactly (used only by the tests, to check
+    :func:`int8_cpu_class` against the runtime's behaviour)."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (32, 64)).astype(np.uint8)
+    w = rng.integers(-128, 128, (64, 16)).astype(np.int8)
+    a[0], w[:, 0], w[:, 1] = 255, 127, -128
+    m = model([helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
+              [vi("a", [32, 64], TensorProto.UINT8)], [vi("y", None, TensorProto.INT32)],
+              [init("w", w)])
+    got = ort_run(m, {"a": a}, optimized=True)["y"]
+    return bool(np.array_equal(got, a.astype(np.int64) @ w.astype(np.int64)))
 
 
 def with_outputs(model, names):
@@ -382,3 +440,9 @@ def input_feed(graph_or_model, seed=1, n=None):
             shape[0] = n
         feed[i.name] = rng.standard_normal(shape).astype(np.float32)
     return feed
+
+
+_CLASS = int8_cpu_class()
+#: onnxruntime's optimized session may compute int8 GEMMs with saturated int16 pair sums
+ORT_INT8_SATURATES = (_CLASS == "avx2") if _CLASS is not None else \
+    not bare_u8s8_matmul_is_exact()
