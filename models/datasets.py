@@ -2,9 +2,10 @@
 
 Two sources:
 
-* :func:`digits_split` -- scikit-learn's bundled 8x8 handwritten digits (real data, 1797
-  images, UCI "Optical Recognition of Handwritten Digits" test set), split with a fixed
-  seed. Used by ``digits-cnn``.
+* :func:`digits_split` -- the 8x8 handwritten digits (real data, 1797 images, the UCI
+  "Optical Recognition of Handwritten Digits" test set as scikit-learn ships it, CC BY
+  4.0), split with a fixed seed. Used by ``digits-cnn``. The images and the split ship
+  with the package (``digits.npz``), so no scikit-learn is needed.
 * :func:`eeg_windows` / :func:`eeg_split` -- a **SYNTHETIC** scalp-EEG generator (no EEG
   corpus is available offline). Used by ``eeg-seizure``. It is a seeded model of what
   seizure windows look like, good for exercising the tool chain end to end; it is **not**
@@ -15,11 +16,14 @@ Both return model-ready float32 arrays, so
 evaluation. Everything is deterministic for a given seed (numpy ``default_rng``).
 """
 
+from pathlib import Path
+
 import numpy as np
 
 from ..errors import DnnfabError
 
 __all__ = [
+    "DIGITS_FILE",
     "DIGITS_SEED",
     "DIGITS_TEST_FRACTION",
     "EEG_CHANNELS",
@@ -30,6 +34,7 @@ __all__ = [
     "EEG_SCALE_UV",
     "EEG_TEST_SEED",
     "EEG_TRAIN_SEED",
+    "digits_data",
     "digits_split",
     "eeg_model_input",
     "eeg_split",
@@ -46,29 +51,53 @@ DIGITS_SEED = 0
 DIGITS_TEST_FRACTION = 0.2
 
 
+#: The shipped copy of the digits and of the split (written by scripts/make_digits_data.py).
+DIGITS_FILE = Path(__file__).resolve().parent / "digits.npz"
+
+
+def digits_data():
+    """``(images, target)`` of the 1797 8x8 digits: uint8 pixel counts 0..16, digit 0..9.
+
+    Read from the file shipped with the package (:data:`DIGITS_FILE`, no scikit-learn
+    needed); scikit-learn's ``load_digits`` holds the same values in the same order.
+    """
+    with _digits_file() as d:
+        return d["images"].copy(), d["target"].astype(np.int64)
+
+
+def _digits_file():
+    if not DIGITS_FILE.is_file():
+        raise DnnfabError(f"the digits data file {DIGITS_FILE} is missing; reinstall dnnfab "
+                          "(pip install -e .) or rewrite it with scripts/make_digits_data.py")
+    return np.load(DIGITS_FILE)
+
+
 def digits_split(seed=DIGITS_SEED, test_fraction=DIGITS_TEST_FRACTION):
     """Return ``(x_train, y_train, x_test, y_test)`` of the 8x8 digits, as ``digits-cnn`` saw them.
 
     ``x`` is float32 ``[n, 1, 8, 8]`` with pixel values scaled to ``[0, 1]``
-    (scikit-learn stores 0..16; the model input is ``pixels / 16``), ``y`` is int64 class
+    (the data holds 0..16; the model input is ``pixels / 16``), ``y`` is int64 class
     0..9. The split is ``sklearn.model_selection.train_test_split`` with
     ``test_size=test_fraction``, ``random_state=seed`` and ``stratify=y``: with the
-    defaults 1437 training and 360 test images.
+    defaults 1437 training and 360 test images. The default split ships with the package
+    (no scikit-learn needed); another ``seed`` or ``test_fraction`` is computed with
+    scikit-learn (the ``train`` extra).
     """
-    try:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-    except ImportError as exc:  # scikit-learn is the `train` extra, not a runtime need
-        raise DnnfabError(
-            "the digits data set needs scikit-learn: pip install 'dnnfab[train]'"
-        ) from exc
-    digits = load_digits()
-    x = (digits.images.astype(np.float32) / 16.0)[:, None, :, :]
-    y = digits.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y
-    )
-    return (np.ascontiguousarray(x_tr), y_tr, np.ascontiguousarray(x_te), y_te)
+    images, y = digits_data()
+    x = (images.astype(np.float32) / 16.0)[:, None, :, :]
+    if seed == DIGITS_SEED and test_fraction == DIGITS_TEST_FRACTION:
+        with _digits_file() as d:
+            tr, te = d["train_idx"].astype(np.intp), d["test_idx"].astype(np.intp)
+    else:
+        try:
+            from sklearn.model_selection import train_test_split
+        except ImportError as exc:  # scikit-learn is the `train` extra, not a runtime need
+            raise DnnfabError(
+                f"digits_split(seed={seed}, test_fraction={test_fraction}): a split other than "
+                "the shipped one needs scikit-learn: pip install 'dnnfab[train]'") from exc
+        tr, te = train_test_split(np.arange(len(y)), test_size=test_fraction,
+                                  random_state=seed, stratify=y)
+    return (np.ascontiguousarray(x[tr]), y[tr], np.ascontiguousarray(x[te]), y[te])
 
 
 # --------------------------------------------------------------------------------------
