@@ -37,3 +37,19 @@ class FitError(DnnfabError, ValueError):
 
 class FabricError(DnnfabError, RuntimeError):
     """The accelerator reported a fault (DMA error, illegal instruction, timeout)."""
+
+
+class FabricDeadlock(FabricError):
+    """A program's dependency tokens can never all be met: the accelerator would hang.
+
+    ``blocked``: engine -> (instruction index, tokens it waits for); ``tokens``: the four
+    counts; ``fills``: engine -> instructions queued (FIFO + head register); ``retired``:
+    instructions that got their tokens before the hang.
+    """
+
+    def __init__(self, msg, blocked=None, tokens=None, fills=None, retired=0):
+        super().__init__(msg)
+        self.blocked = blocked or {}
+        self.tokens = tokens or {}
+        self.fills = fills or {}
+        self.retired = retired

@@ -6,24 +6,241 @@ runs, on numpy copies of DRAM and the scratchpads, with the same integer arithme
 bit-identical to the RTL's. Timing comes from an event model of the three decoupled
 engines and their dependency tokens (:func:`estimate_cycles`), whose constants are the
 hardware's pipeline latencies; tests compare it against RTL-measured cycles per layer.
+
+Before anything runs, :func:`check_tokens` plays the program through a model of the
+controller's dispatcher, queues and token counters (:class:`TokenMachine`), with the RTL's
+queue capacity and counter width: a program that would hang the accelerator raises
+:class:`~dnnfab.errors.FabricDeadlock` here instead of passing silently, and the data and
+timing models then follow an order the hardware could take.
 """
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import FabricError
+from ..errors import FabricError, FabricDeadlock
 from ..hw.config import AcceleratorConfig
 from ..hw.isa import Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES, decode
 from ..hw.systolic import latency as array_latency, min_tile_rows
 from ..hw.postproc import LATENCY as RQ_LATENCY
+from ..hw.controller import QUEUE_DEPTH
 from .quantize import requantize
 
-__all__ = ["FastModel", "estimate_cycles", "CycleReport"]
+__all__ = ["FastModel", "estimate_cycles", "CycleReport", "check_tokens", "TokenReport",
+           "TokenMachine", "QUEUE_CAPACITY", "TOKEN_BITS", "TOKEN_MAX", "ENGINES", "CHANNELS"]
 
 
 def _wrap32(x):
     return ((x + (1 << 31)) % (1 << 32)) - (1 << 31)
+
+
+# ------------------------------------------------------------------ token machine
+#: Instructions an engine holds before its head must have its tokens: the controller's
+#: per-engine ``RegFIFO(INSN_BITS, QUEUE_DEPTH)`` (hw/controller.py; ``w_rdy`` is low once
+#: QUEUE_DEPTH entries are stored or being stored, hw/dma.py) plus the engine's head
+#: register (``*_h_valid``/``*_h``, filled from the queue whenever empty): 8 + 1 = 9. The
+#: token gate sits between the head register and the command register (``rd_cmd``,
+#: ``wr_cmd``, ``cinsn``), so an instruction past it has taken its tokens and completes
+#: without needing any more; one for the same engine behind those 9 waits in the
+#: dispatcher's instruction register and blocks dispatch of everything after it.
+QUEUE_CAPACITY = QUEUE_DEPTH + 1
+TOKEN_BITS = 8             # ``_TokenCounter.count`` (hw/controller.py)
+TOKEN_MAX = (1 << TOKEN_BITS) - 1
+
+ENGINES = ("LOAD", "COMPUTE", "STORE")
+CHANNELS = ("l2c", "c2l", "c2s", "s2c")
+_LOAD, _COMPUTE, _STORE = range(3)
+# the flags the RTL reads per engine (others are ignored by the hardware, and here):
+# LOAD pops c2l (pop_next), pushes l2c (push_next) when the DMA reports it complete;
+# COMPUTE pops l2c (pop_prev) and s2c (pop_next), pushes c2l (push_prev) once its inputs
+# are read and c2s (push_next) once its outputs are written; STORE pops c2s (pop_prev),
+# pushes s2c (push_prev) on completion.
+_POPS = {_LOAD: (("pop_next", "c2l"),), _COMPUTE: (("pop_prev", "l2c"), ("pop_next", "s2c")),
+         _STORE: (("pop_prev", "c2s"),)}
+_PUSHES = {_LOAD: (("push_next", "l2c"),), _COMPUTE: (("push_prev", "c2l"), ("push_next", "c2s")),
+           _STORE: (("push_prev", "s2c"),)}
+_CONSUMER = {"l2c": _COMPUTE, "s2c": _COMPUTE, "c2l": _LOAD, "c2s": _STORE}
+
+
+def _engine(insn):
+    if isinstance(insn, Load):
+        return _LOAD
+    if isinstance(insn, Compute):
+        return _COMPUTE
+    if isinstance(insn, Store):
+        return _STORE
+    raise FabricError(f"illegal instruction {insn!r} (error 3)")
+
+
+@dataclass
+class TokenReport:
+    """What :func:`check_tokens` found for a program that runs to completion."""
+    order: list                 # program indices in an order the engines could take them
+    peak: dict                  # channel -> highest count any timing can reach
+    peak_fill: dict             # engine -> most instructions queued (FIFO + head register)
+    dispatched: int = 0         # instructions dispatched (all, unless halted)
+    halted: bool = False        # the dispatcher reached the end with ``halt_at_end``
+
+
+@dataclass
+class TokenMachine:
+    """The controller's dispatch / queue / token protocol, one instruction at a time.
+
+    Dispatch is in program order into per-engine queues of ``capacity`` instructions (the
+    dispatcher waits while the target queue is full); each engine takes its head only when
+    every token it pops has a count > 0, and an instruction's pushes happen when it
+    completes (here: right after it is taken; it needs nothing else to complete). Counts
+    are ``TOKEN_BITS`` wide: a push beyond ``TOKEN_MAX`` would wrap in the RTL and raises.
+
+    The protocol is *persistent* (each counter has one consumer engine, only the
+    dispatcher fills queues), so whether a program finishes, and the state it deadlocks in,
+    does not depend on timing; the largest count a counter reaches does. ``last`` names an
+    engine that takes a step only when nothing else can move: that schedule reaches the
+    largest counts of the counters it pops (every other engine runs as far ahead as it can
+    before each of its takes).
+    """
+    insns: list
+    capacity: int = QUEUE_CAPACITY
+    last: int = None
+    halt_at_end: bool = False
+    counts: dict = field(default_factory=lambda: dict.fromkeys(CHANNELS, 0))
+
+    def run(self) -> TokenReport:
+        n = len(self.insns)
+        eng, pops, pushes = [], [], []
+        for ins in self.insns:
+            e = _engine(ins)
+            eng.append(e)
+            pops.append(tuple(ch for f, ch in _POPS[e] if getattr(ins, f)))
+            pushes.append(tuple(ch for f, ch in _PUSHES[e] if getattr(ins, f)))
+        counts = self.counts
+        peak = dict(counts)
+        queues = [deque(), deque(), deque()]
+        fill = [0, 0, 0]
+        order = []
+        d = 0
+        cap = self.capacity
+        others = [e for e in range(3) if e != self.last]
+
+        def ready(i):
+            for ch in pops[i]:
+                if counts[ch] == 0:
+                    return False
+            return True
+
+        def take(e):
+            i = queues[e].popleft()
+            for ch in pops[i]:
+                counts[ch] -= 1
+            for ch in pushes[i]:
+                c = counts[ch] + 1
+                if c > TOKEN_MAX:
+                    raise FabricError(
+                        f"token overflow: {ENGINES[e]} insn {i} pushes {ch} past {TOKEN_MAX} "
+                        f"(the {TOKEN_BITS}-bit counter would wrap to 0 and its consumer "
+                        f"{ENGINES[_CONSUMER[ch]]} would hang or run early); "
+                        f"{self._state(queues, d, n)}; pop the tokens sooner or push fewer")
+                counts[ch] = c
+                if c > peak[ch]:
+                    peak[ch] = c
+            order.append(i)
+
+        while True:
+            moved = False
+            while d < n and len(queues[eng[d]]) < cap:
+                q = queues[eng[d]]
+                q.append(d)
+                if len(q) > fill[eng[d]]:
+                    fill[eng[d]] = len(q)
+                d += 1
+                moved = True
+            if d == n and self.halt_at_end:
+                break
+            for e in others:
+                q = queues[e]
+                while q and ready(q[0]):
+                    take(e)
+                    moved = True
+            if moved:
+                continue
+            if self.last is not None and queues[self.last] and ready(queues[self.last][0]):
+                take(self.last)
+                continue
+            break
+
+        report = TokenReport(order=order, peak=peak,
+                             peak_fill={ENGINES[e]: fill[e] for e in range(3)},
+                             dispatched=d, halted=self.halt_at_end and d == n)
+        if report.halted:
+            return report
+        if len(order) < n:
+            blocked = {}
+            for e in range(3):
+                if queues[e]:
+                    i = queues[e][0]
+                    blocked[ENGINES[e]] = (i, tuple(ch for ch in pops[i] if counts[ch] == 0))
+            raise FabricDeadlock(
+                f"deadlock: {len(order)} of {n} instructions retired, then no engine can move: "
+                f"{self._state(queues, d, n, blocked)}; check the token flags: each pop needs a "
+                f"matching push that dispatch reaches with at most {cap} instructions waiting "
+                f"per engine",
+                blocked=blocked, tokens=dict(counts),
+                fills={ENGINES[e]: len(queues[e]) for e in range(3)}, retired=len(order))
+        left = {ch: c for ch, c in counts.items() if c}
+        if left:
+            raise FabricError(
+                "tokens left over at the end: " + ", ".join(f"{ch}={c}" for ch, c in left.items())
+                + " (the counters are not cleared by START, only by reset or SOFT_RESET, so the "
+                "next program would start with them and could run before its producers); "
+                "every push needs a matching pop")
+        return report
+
+    def _state(self, queues, d, n, blocked=None):
+        parts = []
+        if blocked is not None:
+            for e in range(3):
+                name = ENGINES[e]
+                if name in blocked:
+                    i, chs = blocked[name]
+                    parts.append(f"{name} insn {i} waits for {'+'.join(chs)}")
+                else:
+                    parts.append(f"{name} idle")
+        if d < n:
+            e = _engine(self.insns[d])
+            why = " queue full" if len(queues[e]) >= self.capacity else ""
+            parts.append(f"dispatch at insn {d} ({ENGINES[e]}{why})")
+        parts.append("tokens " + " ".join(f"{ch}={self.counts[ch]}" for ch in CHANNELS))
+        parts.append("queues " + " ".join(f"{ENGINES[e]} {len(queues[e])}/{self.capacity}"
+                                          for e in range(3)))
+        return ", ".join(parts)
+
+
+def check_tokens(insns, capacity=QUEUE_CAPACITY, halt_at_end=False) -> TokenReport:
+    """Play ``insns`` through the controller's queues and token counters (:class:`TokenMachine`).
+
+    Raises :class:`~dnnfab.errors.FabricDeadlock` if the program can never finish (the
+    hardware would hang), :class:`~dnnfab.errors.FabricError` if a counter could exceed
+    ``TOKEN_MAX`` under some timing or tokens are left over at the end. Returns the take
+    order of the schedule where COMPUTE moves last (loads and stores as far ahead as the
+    tokens let them) and each counter's peak over all timings. O(instructions).
+    """
+    insns = list(insns)
+    peak = dict.fromkeys(CHANNELS, 0)
+    fills = dict.fromkeys(ENGINES, 0)
+    main = None
+    for last in (_COMPUTE, _LOAD, _STORE):
+        rep = TokenMachine(insns, capacity=capacity, last=last, halt_at_end=halt_at_end).run()
+        if main is None:
+            main = rep
+        for ch in CHANNELS:
+            peak[ch] = max(peak[ch], rep.peak[ch])
+        for e in ENGINES:
+            fills[e] = max(fills[e], rep.peak_fill[e])
+        if halt_at_end:
+            break           # the dispatcher reached the end: the run stops there
+    main.peak, main.peak_fill = peak, fills
+    return main
 
 
 class FastModel:
@@ -57,14 +274,30 @@ class FastModel:
 
     # -- execution --------------------------------------------------------------------
     def run_program(self, base, count):
+        """Run ``count`` instructions from DRAM address ``base``, as the controller would.
+
+        The program is first played through the token machine (:func:`check_tokens`): a
+        program that would hang the hardware raises :class:`~dnnfab.errors.FabricDeadlock`
+        and changes nothing. Then the instructions execute in the machine's take order
+        (each engine in program order, interleaved as the tokens allow). An illegal
+        instruction stops dispatch (error 3) once every instruction before it has been
+        dispatched; what was taken by then has executed.
+        """
         raw = self.read(base, count * INSN_BYTES)
+        insns = []
+        bad = None
         for i in range(count):
             word = int.from_bytes(raw[i * INSN_BYTES:(i + 1) * INSN_BYTES], "little")
             try:
-                insn = decode(word)
+                insns.append(decode(word))
             except ValueError:
-                raise FabricError(f"illegal instruction at {base + i * INSN_BYTES:#x} (error 3)") from None
-            self.execute(insn)
+                bad = i
+                break
+        rep = check_tokens(insns, halt_at_end=bad is not None)
+        for i in rep.order:
+            self.execute(insns[i])
+        if bad is not None:
+            raise FabricError(f"illegal instruction at {base + bad * INSN_BYTES:#x} (error 3)")
 
     def execute(self, insn):
         self.counters["insns"] += 1
@@ -199,7 +432,8 @@ def estimate_cycles(prog) -> CycleReport:
     load_cycles = store_cycles = compute_cycles = 0
     beats_total = 0
     first_compute = True
-    for ins in prog.insns:
+    insns = prog.insns
+    for ins in (insns[i] for i in check_tokens(insns).order):
         if isinstance(ins, Load):
             start = t_load
             if ins.pop_next:
