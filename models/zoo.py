@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import ModelError
 
-__all__ = ["list_models", "load_model", "model_path", "model_info", "model_names"]
+__all__ = ["list_models", "load_model", "model_path", "model_info", "model_names", "canonical_name"]
 
 _HERE = Path(__file__).resolve().parent
 _ONNX_LIGHT = "backend/test/data/light"
@@ -93,11 +93,17 @@ def model_names():
     return [e.name for e in _ENTRIES]
 
 
+def canonical_name(name):
+    """The zoo's own name for ``name`` (an alias or spelling variant), or None."""
+    entry = _BY_KEY.get(_key(name))
+    return entry.name if entry else None
+
+
 def _entry(name):
     entry = _BY_KEY.get(_key(name))
     if entry is None:
-        raise ModelError(f"unknown model {name!r}: use one of {', '.join(model_names())} "
-                         "(see `dnnfab models`)")
+        raise ModelError(f"unknown model {name!r} (no zoo model or file of that name): use "
+                         f"one of {', '.join(model_names())} or an .onnx path (see `dnnfab models`)")
     return entry
 
 

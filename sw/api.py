@@ -13,6 +13,7 @@ from __future__ import annotations
 from .frontend import import_onnx, read_model
 from .ir import Graph
 from .quantize import QuantizedGraph, quantize_graph
+from ..errors import InputError as _InputError
 
 __all__ = ["load", "quantize", "Graph", "QuantizedGraph"]
 
@@ -23,13 +24,33 @@ def load(model, batch=1, input_shapes=None, name=None):
     model: path to an ``.onnx`` file, its bytes, an ``onnx.ModelProto`` or the name of a
     bundled zoo model (``dnnfab models``). batch: value for a dynamic batch dimension.
     input_shapes: {input name: shape} for other dynamic dimensions.
-    Raises :class:`~dnnfab.errors.ModelError` / ``UnsupportedOpError`` with a one-line fix.
+    Raises :class:`~dnnfab.errors.ModelError` / ``UnsupportedOpError`` with a one-line fix
+    (a path that does not exist: ``file not found: <path>``).
     """
+    check_model_path(model)
     proto = read_model(model)
     if name is None and isinstance(model, str):
         import os
         name = os.path.splitext(os.path.basename(model))[0]
     return import_onnx(proto, batch=batch, input_shapes=input_shapes, name=name)
+
+
+def check_model_path(model):
+    """Raise ``ModelError("file not found: <path>")`` when ``model`` is a path (it names an
+    ``.onnx`` file or a directory) that does not exist, rather than treating it as a zoo
+    name; a directory is not a model either."""
+    import os
+    from ..errors import ModelError
+    if not isinstance(model, (str, os.PathLike)):
+        return
+    path = os.fspath(model)
+    if os.path.isdir(path):
+        raise ModelError(f"{path} is a directory; pass the path of an .onnx file")
+    looks_like_path = path.lower().endswith(".onnx") or os.sep in path or \
+        (os.altsep is not None and os.altsep in path)
+    if looks_like_path and not os.path.exists(path):
+        raise ModelError(f"file not found: {path}; check the path (zoo models are named "
+                         "without .onnx, see `dnnfab models`)")
 
 
 def quantize(graph, calibration=None, method="minmax", percentile=99.99, reduce_range=False):
@@ -38,5 +59,32 @@ def quantize(graph, calibration=None, method="minmax", percentile=99.99, reduce_
     exported QDQ model exactly also on x86 CPUs without VNNI (docs/frontend.md)."""
     if not isinstance(graph, Graph):
         graph = load(graph)
+    _check_finite_calibration(graph, calibration)
     return quantize_graph(graph, calibration=calibration, method=method, percentile=percentile,
                           reduce_range=reduce_range)
+
+
+def _check_finite_calibration(graph, calibration):
+    """NaN/inf calibration data would give NaN scales: refuse it with the input's name.
+    Checks arrays and dicts of arrays (iterables are passed through unread)."""
+    import numpy as np
+    if isinstance(calibration, np.ndarray) and len(graph.inputs) == 1:
+        check_finite({graph.inputs[0].name: calibration}, what="calibration input")
+    elif isinstance(calibration, dict):
+        check_finite({k: v for k, v in calibration.items() if isinstance(v, np.ndarray)},
+                     what="calibration input")
+
+
+def check_finite(feed, what="input"):
+    """Raise :class:`~dnnfab.errors.InputError` if an array of ``feed`` ({name: array})
+    holds NaN or inf."""
+    import numpy as np
+    for name, x in feed.items():
+        x = np.asarray(x)
+        if x.dtype.kind in "fc":
+            bad = ~np.isfinite(x)
+            if bad.any():
+                first = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise _InputError(f"{what} {name!r} holds {int(bad.sum())} NaN/inf value(s) "
+                                  f"(first at index {first}); int8 quantization needs finite "
+                                  "numbers: clean the data (e.g. np.nan_to_num) first")

@@ -7,6 +7,14 @@ backend; everything else runs on the CPU through the integer reference. The back
 compute the same integers (docs/contract.md), so the network output is bit-identical to
 ``QuantizedGraph.run_int`` — :func:`run_network` checks that when asked.
 
+Where a layer runs, and why not on the fabric, is decided in one place:
+:func:`place_layer` (one layer) / :func:`plan_network` (every layer). It takes a quantized
+layer or a float IR layer (``dnnfab inspect`` shows the float graph before quantization)
+and an accelerator configuration; a conv or GEMM goes to the fabric exactly when
+:func:`~dnnfab.sw.program.compile_layer` can map it, otherwise the placement carries the
+compiler's reason (e.g. ``2048 output channels exceed 255 C-blocks per pixel; use a
+config with more columns``). ``dnnfab inspect`` and ``dnnfab run`` both print it.
+
 Backends: ``"model"`` (:class:`~dnnfab.sw.fastmodel.FastModel`: bit-exact execution of the
 instruction stream plus the analytical cycle count). A fabric fault (:class:`FabricError`)
 on a layer is reported in the result and, with ``fallback=True`` (default), that layer is
@@ -18,13 +26,19 @@ import time
 
 import numpy as np
 
-from ..errors import FabricError, DnnfabError
+from ..errors import FabricError, DnnfabError, ConfigError
 from ..hw.config import AcceleratorConfig
 from .layer import ConvLayer
-from .program import compile_layer, UnsupportedLayerError
+from .program import compile_layer, UnsupportedLayerError, LayerProgram
 from .fastmodel import FastModel, estimate_cycles
+from .api import check_finite
 
-__all__ = ["LayerRecord", "NetworkResult", "to_conv_layer", "run_network"]
+__all__ = ["LayerRecord", "NetworkResult", "Placement", "FABRIC_OPS", "to_conv_layer",
+           "op_label", "place_layer", "plan_network", "check_run_config", "check_finite",
+           "run_network"]
+
+#: The ops the accelerator executes; every other layer runs on the host CPU.
+FABRIC_OPS = ("conv", "gemm")
 
 
 @dataclass
@@ -37,7 +51,7 @@ class LayerRecord:
     fabric_ms: float = 0.0       # cycles at the configured clock
     cpu_ms: float = 0.0          # measured wall time on the host (CPU layers)
     utilization: float = 0.0
-    note: str = ""
+    reason: str = ""             # why not on the fabric ("" when it ran there)
 
 
 @dataclass
@@ -60,11 +74,14 @@ class NetworkResult:
         return sum(r.cpu_ms for r in self.layers)
 
     def table(self):
-        rows = [["layer", "op", "where", "MACs", "cycles", "util", "fabric ms", "cpu ms"]]
+        """Header row plus one row per layer (strings); ``why not fabric`` names the reason
+        of every CPU layer."""
+        rows = [["layer", "op", "where", "MACs", "cycles", "util", "fabric ms", "cpu ms",
+                 "why not fabric"]]
         for r in self.layers:
             rows.append([r.name, r.op, r.where, f"{r.macs:,}", f"{r.cycles:,}" if r.cycles else "",
                          f"{r.utilization:.2f}" if r.cycles else "", f"{r.fabric_ms:.3f}" if r.cycles else "",
-                         f"{r.cpu_ms:.3f}" if r.cpu_ms else ""])
+                         f"{r.cpu_ms:.3f}" if r.cpu_ms else "", r.reason])
         return rows
 
     def to_dict(self):
@@ -103,6 +120,127 @@ def to_conv_layer(L, in_shape):
     return None
 
 
+@dataclass
+class Placement:
+    """Where one layer runs: ``where`` is ``"fabric"`` or ``"cpu"``; ``reason`` says why
+    not on the fabric (empty on the fabric). ``conv`` / ``program`` are the accelerator's
+    view of the layer and its compiled program when it is a conv or GEMM that maps."""
+
+    where: str
+    reason: str = ""
+    conv: ConvLayer | None = None
+    program: LayerProgram | None = None
+
+
+def _is_float_layer(L):
+    from .ir import Layer
+    return isinstance(L, Layer)
+
+
+def op_label(L):
+    """Short op name of a quantized or float layer: ``conv``, ``maxpool``, ``Softmax``, ..."""
+    if _is_float_layer(L):
+        if L.op == "float":
+            return L.attrs.get("op_type", "float")
+        return "rescale" if L.op == "qdq" else L.op
+    if L.op == "lut":
+        return L.op_type or "lut"
+    if L.op == "float":
+        return L.layer.attrs.get("op_type", "float")
+    return L.op
+
+
+class _FloatView:
+    """A float IR conv/GEMM with the fields :func:`to_conv_layer` reads: the geometry of
+    the layer with zero weights and a neutral requantizer (placement only)."""
+
+    def __init__(self, L):
+        w = L.params["weight"]
+        self.op, self.name = L.op, L.name
+        self.qweight = np.zeros(w.shape, np.int8)
+        cout = w.shape[0]
+        self.bias = np.zeros(cout, np.int32)
+        self.m = np.full(cout, 1 << 14, np.int32)
+        self.n = np.ones(cout, np.int32)
+        self.zx = self.zy = 0
+        self.lo, self.hi = -128, 127
+        if L.op == "conv":
+            a = L.attrs
+            self.groups = a["groups"]
+            self.stride, self.pad, self.dilation = tuple(a["stride"]), tuple(a["pads"]), tuple(a["dilation"])
+
+
+def _strip_name(msg, name):
+    prefix = f"layer {name}: "
+    return msg[len(prefix):] if msg.startswith(prefix) else msg
+
+
+def place_layer(L, in_shape, cfg: AcceleratorConfig = None) -> Placement:
+    """Where layer ``L`` runs on an accelerator ``cfg`` and why not on the fabric.
+
+    ``L`` is a layer of a :class:`~dnnfab.sw.quantize.QuantizedGraph` or of a float
+    :class:`~dnnfab.sw.ir.Graph`; ``in_shape`` its (logical, ONNX) input shape. A conv or
+    GEMM is on the fabric exactly when :func:`~dnnfab.sw.program.compile_layer` maps it
+    (for a quantized layer the returned ``program`` is the one :func:`run_network` runs);
+    the placement of a float layer is that of its quantized version (same geometry).
+    """
+    cfg = cfg or AcceleratorConfig()
+    label = op_label(L)
+    if L.op not in FABRIC_OPS:
+        return Placement("cpu", f"{label}: the accelerator runs conv and GEMM layers only")
+    if L.op == "conv" and _groups(L) != 1:
+        g = _groups(L)
+        kind = "depthwise" if g == int(in_shape[1]) else "grouped"
+        return Placement("cpu", f"{kind} conv (groups={g}): the array computes dense convs "
+                                "(groups=1) only")
+    view = _FloatView(L) if _is_float_layer(L) else L
+    conv = to_conv_layer(view, in_shape)
+    if conv is None:
+        return Placement("cpu", f"{label} with a rank-{len(in_shape)} input: the accelerator "
+                                "maps 1-D and 2-D layers only")
+    try:
+        prog = compile_layer(conv, cfg)
+    except UnsupportedLayerError as exc:
+        return Placement("cpu", _strip_name(str(exc), L.name), conv)
+    return Placement("fabric", "", conv, prog)
+
+
+def _groups(L):
+    return L.attrs["groups"] if _is_float_layer(L) else L.groups
+
+
+def plan_network(g, cfg: AcceleratorConfig = None):
+    """``{layer name: Placement}`` for every layer of ``g`` (quantized or float graph)."""
+    cfg = cfg or AcceleratorConfig()
+    return {L.name: place_layer(L, tuple(g.shape(L.inputs[0])) if L.inputs else (), cfg)
+            for L in g.layers}
+
+
+def check_run_config(cfg: AcceleratorConfig, cli=False):
+    """Raise :class:`ConfigError` unless networks can run on ``cfg`` as the contract says.
+
+    The quantizer, the integer reference and the fast model implement int8 x int8 products
+    with int32 accumulation only (the quantizer bounds every sum by 2^31); a configuration
+    with other widths would still compute int8, so it is refused rather than ignored.
+    ``cli``: name the settings as command-line options (``--input-bits 4``).
+    """
+    bad = [k for k, want in (("input_bits", 8), ("weight_bits", 8)) if getattr(cfg, k) != want]
+    if cfg.acc_bits < 32:
+        bad.append("acc_bits")
+    if not bad:
+        return
+
+    def name(k, v=None):
+        v = getattr(cfg, k) if v is None else v
+        return f"--{k.replace('_', '-')} {v}" if cli else f"{k}={v}"
+
+    fix = ", ".join(name(k, ">=32" if k == "acc_bits" else 8) for k in bad)
+    raise ConfigError(f"{', '.join(name(k) for k in bad)}: networks run as int8 x int8 with "
+                      "int32 accumulators only (the quantizer, the integer reference and the "
+                      f"fast model have no other widths); use {fix} (the default) -- "
+                      "generate, cosim and synth build other widths")
+
+
 def _fabric_conv(model, layer, prog, x_cl, L):
     """Run one conv on the fabric model for every batch element. x_cl: NHWC or NWC."""
     outs = []
@@ -116,17 +254,25 @@ def _fabric_conv(model, layer, prog, x_cl, L):
 
 
 def run_network(qg, feed, cfg: AcceleratorConfig = None, backend="model", fallback=True,
-                check=False, progress=None, inject_fault=None):
+                check=False, progress=None, inject_fault=None, plan=None):
     """Run ``qg`` on float inputs ``feed``; conv/GEMM on the fabric, the rest on the CPU.
 
     ``check``: also run the pure CPU reference and set ``result.bit_exact``.
     ``inject_fault``: name of a layer whose fabric run raises a FabricError (testing the
-    CPU fallback).
+    CPU fallback). ``plan``: ``plan_network(qg, cfg)`` computed once for many runs (the
+    compiled programs are reused); by default it is computed here.
+    Raises :class:`ConfigError` for a configuration the integer network cannot run on
+    (:func:`check_run_config`) and :class:`InputError` for NaN/inf inputs.
     """
     from .reference import Env, run_layer
     cfg = cfg or AcceleratorConfig()
     if backend != "model":
         raise DnnfabError(f"backend {backend!r} is not available for whole networks yet; use backend='model'")
+    check_run_config(cfg)
+    feed = qg.check_feed(feed)
+    check_finite(feed)
+    if plan is None:
+        plan = plan_network(qg, cfg)
     feed_q = qg.quantize_inputs(feed)
     env = Env(qg)
     for t in qg.inputs:
@@ -136,42 +282,38 @@ def run_network(qg, feed, cfg: AcceleratorConfig = None, backend="model", fallba
     layers = qg.layers if progress is None else progress(qg.layers)
     for L in layers:
         in_shape = tuple(qg.shape(L.inputs[0])) if L.inputs else ()
-        conv = to_conv_layer(L, in_shape) if L.op in ("conv", "gemm") else None
-        rec = LayerRecord(name=L.name, op=L.op, where="cpu")
+        place = plan[L.name]
+        conv, prog = place.conv, place.program
+        rec = LayerRecord(name=L.name, op=op_label(L), where="cpu", reason=place.reason)
         if conv is not None:
             batch = int(in_shape[0]) if L.op == "conv" else 1
             rec.macs = conv.macs * batch
+        if prog is not None:
             try:
-                prog = compile_layer(conv, cfg)
-            except UnsupportedLayerError as exc:
-                prog = None
-                rec.note = str(exc)
-            if prog is not None:
-                try:
-                    if inject_fault == L.name:
-                        raise FabricError(f"layer {L.name}: injected fabric fault (DMA error 1)")
-                    if L.op == "conv":
-                        y = _fabric_conv(model, conv, prog, env.cl(L.input), L)
-                        env.put(L.output, y, "cl")
-                    else:
-                        x = env.lg(L.input)
-                        shp = x.shape
-                        xb = x.reshape(1, -1, shp[-1])
-                        y = model.run_layer(prog, xb).reshape(shp[:-1] + (conv.cout,))
-                        env.put(L.output, y, "lg")
-                    rep = estimate_cycles(prog)
-                    rec.where = "fabric"
-                    rec.cycles = rep.cycles * batch
-                    rec.fabric_ms = rec.cycles / (cfg.clock_mhz * 1e3)
-                    rec.utilization = conv.macs * batch / (rec.cycles * cfg.rows * cfg.cols)
-                    result.layers.append(rec)
-                    continue
-                except FabricError as exc:
-                    result.faults.append({"layer": L.name, "error": str(exc)})
-                    if not fallback:
-                        raise
-                    rec.where = "cpu (fallback)"
-                    rec.note = str(exc)
+                if inject_fault == L.name:
+                    raise FabricError(f"layer {L.name}: injected fabric fault (DMA error 1)")
+                if L.op == "conv":
+                    y = _fabric_conv(model, conv, prog, env.cl(L.input), L)
+                    env.put(L.output, y, "cl")
+                else:
+                    x = env.lg(L.input)
+                    shp = x.shape
+                    xb = x.reshape(1, -1, shp[-1])
+                    y = model.run_layer(prog, xb).reshape(shp[:-1] + (conv.cout,))
+                    env.put(L.output, y, "lg")
+                rep = estimate_cycles(prog)
+                rec.where = "fabric"
+                rec.cycles = rep.cycles * batch
+                rec.fabric_ms = rec.cycles / (cfg.clock_mhz * 1e3)
+                rec.utilization = conv.macs * batch / (rec.cycles * cfg.rows * cfg.cols)
+                result.layers.append(rec)
+                continue
+            except FabricError as exc:
+                result.faults.append({"layer": L.name, "error": str(exc)})
+                if not fallback:
+                    raise
+                rec.where = "cpu (fallback)"
+                rec.reason = f"fabric fault: {_strip_name(str(exc), L.name)}"
         t0 = time.perf_counter()
         run_layer(qg, env, L)
         rec.cpu_ms = (time.perf_counter() - t0) * 1e3
