@@ -443,7 +443,10 @@ class Controller(wiring.Component):
                 m.d.sync += [f_pend.eq(0), self.error.eq(1), self.error_code.eq(self.fault_code),
                              self.error_info.eq(self.fault_info)]
             # after an error, finish only once the DMA has drained its outstanding bursts
-            # (a soft reset before that would leave responses in flight on the bus)
-            with m.If((stopped & ~dma_busy) | all_idle):
+            # (a soft reset before that would leave responses in flight on the bus), and not
+            # while a command is presented: one selected as the error stopped the run can be
+            # handed over in that cycle, which ``dma_busy`` (registered) shows only a cycle
+            # later (tests/hw/test_retimed_controller.py::test_controller_stop_while_a_command_is_handed_over)
+            with m.If((stopped & ~dma_busy & ~self.rd_cmd.valid & ~self.wr_cmd.valid) | all_idle):
                 m.d.sync += [running.eq(0), self.done.eq(1)]
         return m

@@ -1,0 +1,175 @@
+"""Helpers of the retimed-block proofs (tests/hw/test_retimed*.py).
+
+A *retimed* block computes, in registers, a signal that has a simple plain definition (a
+count, a flag, a compare, a select); the registered form is meant to equal the plain one
+on every reachable state, usually under a stated condition. The proofs here run the real
+block (its own ``elaborate``, never a re-implementation) in the Amaranth simulator next to
+a plain Python model, and check the two every cycle:
+
+* :func:`edge_cover` turns a finite model (states, allowed inputs, next state) into one
+  input sequence that takes every (reachable state, allowed input) pair at least once.
+  When the model's state determines every register of the block (checked each cycle,
+  and :func:`registers` lists the block's registers so a test can show none is left
+  out), covering every edge once proves the block equal to the model on all reachable
+  states: the block is deterministic, so from a given register state and input it does
+  what the walk observed.
+* :func:`find` / :func:`signals` look up a block's internal signals by name in the
+  elaborated fragment (the simulator runs that same fragment), for blocks written inline
+  in a large ``elaborate`` (monitors in tests/hw/test_retimed_engines.py).
+* :func:`mutant` builds a copy of a function or class from its source with one
+  expression replaced: the old, wrong definitions, to show each proof can fail.
+
+Loaded by path (tests/hw is not a package): see the top of test_retimed.py.
+"""
+
+from collections import deque
+import inspect
+import sys
+import textwrap
+
+from amaranth.hdl import Fragment
+from amaranth.sim import Simulator
+
+__all__ = ["elaborate", "signals", "find", "finder", "origin", "registers", "edge_cover", "simulate", "mutant",
+           "therm"]
+
+
+#: ``_TokenCounter``'s ``ge2`` now, and before 636dedf (it missed count == 3 with no
+#: decrement pending: the deadlock of issue 15)
+GE2_NOW = "(c[2:] != 0) | (c == 3) | ((c == 2) & ~dec_d)"
+GE2_OLD = "(c[2:] != 0) | ((c == 2) & ~dec_d) | ((c == 3) & dec_d)"
+
+
+def elaborate(dut):
+    """The fragment of ``dut`` (elaborated once: its signals are the ones simulated)."""
+    return Fragment.get(dut, None)
+
+
+def _walk(frag, path=()):
+    yield path, frag
+    for sub, name, _ in frag.subfragments:
+        yield from _walk(sub, path + (name or "?",))
+
+
+def signals(frag):
+    """``{(path, name): (domain, Signal)}`` of every driven signal in ``frag``'s tree."""
+    out = {}
+    for path, f in _walk(frag):
+        for dom, stmts in f.statements.items():
+            for s in stmts:
+                for sig in s._lhs_signals():
+                    out[(path, sig.name)] = (dom, sig)
+    return out
+
+
+def find(frag, name, path=None, index=None):
+    """The driven signal called ``name`` (in subfragment ``path``, a tuple of names, if
+    given); exactly one must match. ``index``: a :func:`signals` result to reuse."""
+    index = signals(frag) if index is None else index
+    hits = [sig for (p, n), (_, sig) in index.items()
+            if n == name and (path is None or p == tuple(path))]
+    hits = list({id(s): s for s in hits}.values())
+    assert len(hits) == 1, f"{len(hits)} signals named {name!r} (path {path})"
+    return hits[0]
+
+
+def finder(frag):
+    """``find`` bound to ``frag`` with its signal index built once."""
+    index = signals(frag)
+    return lambda name, path=None: find(frag, name, path, index)
+
+
+def registers(frag):
+    """Names of the signals driven from the ``sync`` domain (the block's registers;
+    memories are not listed: their contents are checked through their read ports)."""
+    return {(p, n) for (p, n), (dom, _) in signals(frag).items() if dom == "sync"}
+
+
+def edge_cover(init, inputs, step, limit=1_000_000):
+    """A walk through a finite model taking every reachable (state, input) edge.
+
+    ``inputs(state)`` lists the inputs allowed in ``state`` (the block's contract),
+    ``step(state, inp)`` is the next state. Returns ``(walk, states, edges)``: ``walk`` a
+    list of inputs starting from ``init``; ``states``/``edges`` the reachable counts.
+    """
+    adj = {}
+    todo = deque([init])
+    while todo:
+        s = todo.popleft()
+        if s in adj:
+            continue
+        adj[s] = [(i, step(s, i)) for i in inputs(s)]
+        assert len(adj) < limit
+        todo.extend(t for _, t in adj[s] if t not in adj)
+    uncovered = {s: set(range(len(e))) for s, e in adj.items() if e}
+    n_edges = sum(len(e) for e in adj.values())
+    walk, cur = [], init
+    while uncovered:
+        if cur in uncovered:
+            k = min(uncovered[cur])
+            uncovered[cur].discard(k)
+            if not uncovered[cur]:
+                del uncovered[cur]
+            i, cur = adj[cur][k]
+            walk.append(i)
+            continue
+        # shortest path to the nearest state with an edge not yet taken
+        prev = {cur: None}
+        q = deque([cur])
+        goal = None
+        while q:
+            s = q.popleft()
+            if s in uncovered:
+                goal = s
+                break
+            for k, (i, t) in enumerate(adj[s]):
+                if t not in prev:
+                    prev[t] = (s, i)
+                    q.append(t)
+        assert goal is not None, "model graph is not strongly connected from here"
+        path = []
+        s = goal
+        while prev[s] is not None:
+            s, i = prev[s]
+            path.append(i)
+        walk.extend(reversed(path))
+        cur = goal
+    return walk, len(adj), n_edges
+
+
+def simulate(frag, bench, period=1e-8, deadline=None):
+    """Run ``bench`` (an ``async def bench(ctx)`` testbench) on ``frag``."""
+    sim = Simulator(frag)
+    sim.add_clock(period)
+    sim.add_testbench(bench)
+    if deadline is None:
+        sim.run()
+    else:
+        sim.run_until(deadline)
+
+
+def therm(k):
+    """Thermometer code of the count ``k`` (bit i: k > i)."""
+    return (1 << k) - 1
+
+
+def mutant(obj, old=None, new=None, **env):
+    """A copy of function or class ``obj`` built from its source with the expression text
+    ``old`` (which must occur exactly once) replaced by ``new``; it runs in a copy of its
+    module's namespace, with the names in ``env`` replaced (e.g. a mutant helper class)."""
+    src = textwrap.dedent(inspect.getsource(obj))
+    if old is not None:
+        assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {obj.__name__}"
+        src = src.replace(old, new)
+    ns = dict(vars(sys.modules[obj.__module__]))
+    ns.update(env)
+    exec(compile(src, f"<mutant of {obj.__qualname__}>", "exec"), ns)
+    return ns[obj.__name__]
+
+
+def origin(frag, *path):
+    """The elaboratable that produced the subfragment at ``path`` (its port attributes
+    are the simulated signals)."""
+    for name in path:
+        frag = frag.find_subfragment(name)
+    return frag.origins[0]
