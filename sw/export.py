@@ -12,7 +12,11 @@ DQ and Q. Opset 13 (per-axis DequantizeLinear).
 The scales are those of the quantizer, which chose them so that onnxruntime's float
 requantization reproduces the reference's fixed-point multipliers; the agreement test
 (tests/sw/test_quantize.py) compares the int8 codes (``int8_outputs=True`` adds
-``<output>__q`` graph outputs).
+``<output>__q`` graph outputs) with an ``ORT_ENABLE_BASIC`` session, which runs the model
+as written (the format's semantics). onnxruntime's default session fuses the patterns into
+int8 kernels that, on x86 CPUs without VNNI, sum uint8 x int8 product pairs in saturating
+int16 and may then differ by many LSB, unless the graph was quantized with
+``reduce_range=True`` (7-bit weights: no pair can saturate); docs/frontend.md section 4.
 """
 
 from __future__ import annotations

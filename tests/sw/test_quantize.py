@@ -138,7 +138,8 @@ def test_cpu_class_matches_onnxruntime_int8_behaviour():
         feed = mh.input_feed(g, seed=1)
         qm = export_qdq(q, int8_outputs=True)
         k = g.outputs[0].name
-        same, worst = _agreement(q.run_int(feed)[k], mh.ort_run(qm, feed, optimized=True)[k + "__q"])
+        opt = mh.ort_run(qm, feed, optimized=True)[k + "__q"]
+        same, worst = _agreement(q.run_int(feed)[k], opt)
         assert worst > 1
 
 

@@ -191,13 +191,13 @@ def test_eeg_seizure_sensitivity_specificity(eeg_test):
 
 
 # ------------------------------------------------------------------ int8
-def _int8_vs_float(name, x_cal, x, y):
+def _int8_vs_float(name, x_cal, x, y, reduce_range=False):
     if importlib.util.find_spec("dnnfab.sw.api") is None:
         pytest.skip("dnnfab.sw.api (load/quantize) is not written yet")
     import dnnfab
 
     graph = dnnfab.load(name)
-    qgraph = dnnfab.quantize(graph, calibration=x_cal)
+    qgraph = dnnfab.quantize(graph, calibration=x_cal, reduce_range=reduce_range)
     inp = models.model_info(name)["input"]
     out = models.model_info(name)["outputs"][0]
     q = np.concatenate([qgraph.run({inp: x[i:i + 1]})[out] for i in range(len(x))]).argmax(1)
@@ -205,16 +205,18 @@ def _int8_vs_float(name, x_cal, x, y):
     return float((f == y).mean()), float((q == y).mean()), q
 
 
-def test_digits_cnn_int8_within_one_point(digits):
+@pytest.mark.parametrize("reduce_range", [False, True], ids=["w8", "w7_reduce_range"])
+def test_digits_cnn_int8_within_one_point(digits, reduce_range):
     x_tr, _, x_te, y_te = digits
-    acc_f, acc_q, _ = _int8_vs_float("digits-cnn", x_tr[:200], x_te, y_te)
+    acc_f, acc_q, _ = _int8_vs_float("digits-cnn", x_tr[:200], x_te, y_te, reduce_range)
     assert acc_q >= acc_f - 0.01, f"int8 {acc_q:.4f} vs float {acc_f:.4f}"
 
 
-def test_eeg_seizure_int8_within_one_point(eeg_test):
+@pytest.mark.parametrize("reduce_range", [False, True], ids=["w8", "w7_reduce_range"])
+def test_eeg_seizure_int8_within_one_point(eeg_test, reduce_range):
     x, y = eeg_test
     x_cal = datasets.eeg_model_input(datasets.eeg_windows(200, seed=datasets.EEG_TRAIN_SEED)[0])
-    acc_f, acc_q, q = _int8_vs_float("eeg-seizure", x_cal, x, y)
+    acc_f, acc_q, q = _int8_vs_float("eeg-seizure", x_cal, x, y, reduce_range)
     assert acc_q >= acc_f - 0.01, f"int8 {acc_q:.4f} vs float {acc_f:.4f}"
     assert (q[y == 1] == 1).mean() >= 0.95 and (q[y == 0] == 0).mean() >= 0.95
 
