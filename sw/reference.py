@@ -21,8 +21,9 @@ Two implementations of every arithmetic kernel:
   VNNI onnxruntime sums u8*s8 product pairs in saturating int16 (``vpmaddubsw``) and is
   wrong on most outputs of a random product; no such instruction exists for u8 x u8, so
   every u8 x u8 kernel widens to 16 bits and accumulates in int32 -- exact by
-  construction, on every CPU, with no run-time probe. Used when ``255 * 255 * K < 2^31``
-  (no int32 intermediate can overflow, whatever the order of the zero-point fix-up).
+  construction, on every CPU, with no run-time probe (the tests compare both engines with
+  int64 on extreme values wherever they run). Used when ``255 * 255 * K < 2^31`` (no
+  int32 intermediate can overflow, whatever the order of the zero-point fix-up).
   Requantize runs in float64, which is exact here: ``acc * m`` < 2^46 and ``m * 2^-n`` is
   a 15-bit mantissa, so ``floor(acc * (m 2^-n) + 1/2)`` equals ``(acc*m + 2^(n-1)) >> n``.
 * slow (``qconv_int_slow``, ``qgemm_int_slow``, ...): loops with int64 arithmetic and the
