@@ -27,11 +27,11 @@ import inspect
 import sys
 import textwrap
 
-from amaranth.hdl import Fragment
+from amaranth.hdl import Elaboratable, Fragment, Module, Signal, Value
 from amaranth.sim import Simulator
 
 __all__ = ["elaborate", "signals", "find", "finder", "origin", "registers", "edge_cover", "simulate", "mutant",
-           "therm"]
+           "therm", "Driver"]
 
 
 #: ``_TokenCounter``'s ``ge2`` now, and before 636dedf (it missed count == 3 with no
@@ -173,3 +173,54 @@ def origin(frag, *path):
     for name in path:
         frag = frag.find_subfragment(name)
     return frag.origins[0]
+
+
+class Driver(Elaboratable):
+    """``dut`` as submodule ``dut``, its input ``ports`` driven from one vector, so a
+    testbench sets all of them with one write per cycle (each ``ctx.set`` settles the
+    whole design: with a dozen inputs that was most of a large block's simulation time).
+
+    ``d = Driver(dut, ports)``; ``frag = elaborate(d)``; ``dut_frag = d.fragment(frag)``;
+    per cycle ``d.put(port, value)`` for what changed, then ``d.flush(ctx)``."""
+
+    def __init__(self, dut, ports):
+        self.dut = dut
+        self.ports = [Value.cast(p) for p in ports]
+        self.slices = {}
+        o = 0
+        for p in self.ports:
+            self.slices[id(p)] = (o, len(p))
+            o += len(p)
+        self.vec = Signal(max(o, 1), name="tb_inputs")
+        self.word = 0
+        self.sent = None
+        self._ids = {}
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = self.dut
+        for p in self.ports:
+            o, n = self.slices[id(p)]
+            m.d.comb += p.eq(self.vec[o:o + n])
+        return m
+
+    def fragment(self, frag):
+        return frag.find_subfragment("dut")
+
+    def put(self, port, value):
+        key = id(port)
+        if key not in self.slices:
+            key = self._ids.get(key)
+            if key is None:
+                v = Value.cast(port)
+                match = [p for p in self.ports if p is v]
+                assert len(match) == 1, f"{port!r} is not a driven port"
+                key = self._ids[id(port)] = id(match[0])
+        o, n = self.slices[key]
+        mask = ((1 << n) - 1) << o
+        self.word = (self.word & ~mask) | ((int(value) << o) & mask)
+
+    def flush(self, ctx):
+        if self.word != self.sent:
+            ctx.set(self.vec, self.word)
+            self.sent = self.word
