@@ -8,7 +8,12 @@
   ``$DNNFAB_CACHE`` (default ``~/.cache/dnnfab``)/cosim; a second test run on the same
   design skips compilation.
 * A failing run is repeated once with waveforms on (unless disabled) and the error says
-  where the FST/VCD file is.
+  where the FST/VCD file is and how large it is. The re-run records only a **window**
+  before the failure (``WAVE_WINDOW_NS``, default the last 200 us = 20k cycles at
+  100 MHz; ``$DNNFAB_WAVE_WINDOW_NS`` overrides it): Verilator through a copy of cocotb's
+  ``verilator.cpp`` main that skips trace dumps before the window, Icarus through a dump
+  module that starts ``$dumpvars`` at the window. A hung layer's 3M-cycle re-run wrote a
+  7.4 GB VCD before this; a window is ~50 MB on the 8x8 accelerator.
 
 Test parameters reach the cocotb module through environment variables (JSON), see
 :func:`run`.
@@ -47,6 +52,100 @@ class CosimResult:
     run_s: float
     built: bool                 # False when the cached build was reused
     waves: Path | None = None
+
+
+#: Waveform window of a failure re-run, in ns of simulated time before the failure.
+WAVE_WINDOW_NS = 200_000
+
+
+def wave_window_ns():
+    return int(os.environ.get("DNNFAB_WAVE_WINDOW_NS", WAVE_WINDOW_NS))
+
+
+def _windowed_verilator_main(build_dir: Path) -> Path:
+    """cocotb's Verilator main, with trace dumps skipped before ``$DNNFAB_TRACE_FROM_NS``
+    (the first dump after the window opens writes every signal's value, so the file is a
+    complete VCD of the window)."""
+    import cocotb_tools.config
+    src = (cocotb_tools.config.share_dir / "lib" / "verilator" / "verilator.cpp").read_text()
+    anchor = "            tfp->dump(main_time);"
+    if anchor not in src:
+        raise ToolchainError("cannot bound waveforms: cocotb's verilator.cpp changed (no 'tfp->dump(main_time)'); "
+                             "pin cocotb to 2.1 or set waves_on_failure=False")
+    src = src.replace(anchor, "            if (main_time >= dnnfab_trace_from()) tfp->dump(main_time);")
+    helper = """
+#include <cstdlib>
+#include <cmath>
+// dnnfab: dump the trace only from $DNNFAB_TRACE_FROM_NS on (bounded failure waveforms)
+static vluint64_t dnnfab_trace_from() {
+    static vluint64_t from = ~0ULL;
+    if (from == ~0ULL) {
+        const char *v = std::getenv("DNNFAB_TRACE_FROM_NS");
+        double ns = v ? std::atof(v) : 0.0;
+        int prec = Verilated::threadContextp()->timeprecision();   // e.g. -12 for 1 ps
+        from = (vluint64_t)(ns * std::pow(10.0, -9 - prec));
+    }
+    return from;
+}
+"""
+    src = src.replace("static vluint64_t main_time = 0;", "static vluint64_t main_time = 0;" + helper, 1)
+    # beside the build directories (a fresh build directory is emptied first); written
+    # atomically, since parallel builders may write the same text
+    out = build_dir.parent / f"dnnfab_verilator_main-{hashlib.sha256(src.encode()).hexdigest()[:10]}.cpp"
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(src)
+        os.replace(tmp, out)
+    return out
+
+
+def _window_runner(runner, sim, build_dir: Path):
+    """Make a waves build of ``runner`` record only the window (see module doc)."""
+    if sim == "verilator":
+        import cocotb_tools.config
+        orig = str(cocotb_tools.config.share_dir / "lib" / "verilator" / "verilator.cpp")
+        main = str(_windowed_verilator_main(build_dir))
+        build_command = runner._build_command
+
+        def patched():
+            return [[main if a == orig else a for a in cmd] for cmd in build_command()]
+        runner._build_command = patched
+    elif sim == "icarus":
+        def dump_file():
+            top = runner.hdl_toplevel
+            with open(runner.iverilog_dump_file, "w") as f:
+                f.write("module cocotb_iverilog_dump();\n"
+                        "    string dumpfile_path;\n"
+                        "    longint from_ns;\n"
+                        "    initial begin\n"
+                        "        if (!$value$plusargs(\"dumpfile_path=%s\", dumpfile_path)) dumpfile_path = \"dump.fst\";\n"
+                        "        if (!$value$plusargs(\"dnnfab_trace_from_ns=%d\", from_ns)) from_ns = 0;\n"
+                        "        #(from_ns * 1ns);\n"
+                        "        $dumpfile(dumpfile_path);\n"
+                        f"        $dumpvars(0, {top});\n"
+                        "    end\n"
+                        "endmodule\n")
+        runner._create_iverilog_dump_file = dump_file
+
+
+def _failure_end_ns(results: Path):
+    """Simulated time (ns) at the end of the first failing test of a cocotb results file
+    (cocotb 2.x records ``sim_time_stop`` per test), else at the end of the last test."""
+    import xml.etree.ElementTree as ET
+    try:
+        root = ET.parse(results).getroot()
+    except (ET.ParseError, OSError):
+        return None
+    stop = None
+    for case in root.iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        try:
+            stop = float(props.get("sim_time_stop"))
+        except (TypeError, ValueError):
+            continue
+        if case.find("failure") is not None or case.find("error") is not None:
+            break
+    return stop
 
 
 def cache_root() -> Path:
@@ -122,7 +221,7 @@ def _design_hash(sources, toplevel, sim, waves):
     h = hashlib.sha256()
     for src in sources:
         h.update(Path(src).read_bytes())
-    h.update(f"{toplevel}|{sim}|{int(waves)}|v2".encode())
+    h.update(f"{toplevel}|{sim}|{int(waves)}|v2{'|window1' if waves else ''}".encode())
     if sim == "verilator":
         root = _verilator_root()
         h.update(str(root).encode())
@@ -150,6 +249,9 @@ def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
     build_dir = cache_root() / "cosim" / f"{toplevel}-{sim}-{key}"
     marker = build_dir / ".dnnfab-built"
     runner = get_runner(sim)
+    if waves:
+        build_dir.parent.mkdir(parents=True, exist_ok=True)
+        _window_runner(runner, sim, build_dir)
     args = list(build_args)
     if sim == "verilator":
         args += ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UNOPTFLAT",
@@ -184,7 +286,7 @@ def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
 
 
 def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=None,
-        waves=False, waves_on_failure=True, timeout_s=None, seed=None):
+        waves=False, waves_on_failure=True, timeout_s=None, seed=None, waves_from_ns=0):
     """Build (cached) and run cocotb ``test_module`` against ``toplevel``.
 
     ``params`` (JSON-serialisable) is passed to the test as ``DNNFAB_PARAMS``; tests read
@@ -199,7 +301,9 @@ def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=N
     test_dir.mkdir(parents=True, exist_ok=True)
     results = test_dir / "results.xml"
     log = test_dir / "sim.log"
-    env = {"DNNFAB_PARAMS": json.dumps(params or {}), "COCOTB_LOG_LEVEL": "WARNING"}
+    env = {"DNNFAB_PARAMS": json.dumps(params or {}), "COCOTB_LOG_LEVEL": "WARNING",
+           "DNNFAB_TRACE_FROM_NS": str(int(waves_from_ns))}
+    plusargs = [f"+dnnfab_trace_from_ns={int(waves_from_ns)}"] if waves and sim == "icarus" else []
     if timeout_s:
         env["DNNFAB_TIMEOUT_S"] = str(timeout_s)
     t0 = time.monotonic()
@@ -208,7 +312,7 @@ def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=N
             runner.test(test_module=test_module, hdl_toplevel=toplevel, testcase=testcase,
                         build_dir=str(build_dir), test_dir=str(test_dir), results_xml=str(results),
                         extra_env=env, waves=waves, timescale=("1ns", "1ps"), seed=seed,
-                        log_file=str(log))
+                        log_file=str(log), plusargs=plusargs)
             sim_error = None
         except (SystemExit, RuntimeError) as exc:
             sim_error = exc
@@ -227,15 +331,20 @@ def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=N
     result = CosimResult(sim, build_dir, results, tests, failed, build_s, run_s, built, wave_file)
     if failed or tests == 0 or sim_error is not None:
         if waves_on_failure and not waves:
+            end = _failure_end_ns(results)
+            start = max(0, int(end) - wave_window_ns()) if end else 0
             try:
                 again = run(sources, toplevel, test_module, sim, params, testcase, waves=True,
-                            waves_on_failure=False, timeout_s=timeout_s, seed=seed)
+                            waves_on_failure=False, timeout_s=timeout_s, seed=seed, waves_from_ns=start)
             except CosimFailure as exc:
                 raise CosimFailure(f"{exc}") from None
             else:
                 raise CosimFailure(f"{test_module} failed on {sim} but passed when re-run with "
                                    f"waves (nondeterminism?); log {log}; waves in {again.waves}")
-        where = f"; waveform: {wave_file}" if wave_file else ""
+        where = ""
+        if wave_file:
+            where = (f"; waveform: {wave_file} ({wave_file.stat().st_size / 1e6:.1f} MB, "
+                     f"from {waves_from_ns} ns on)")
         raise CosimFailure(f"{test_module} on {sim}: {failed} of {tests} cocotb test(s) failed; "
                            f"log: {log}{where}")
     return result

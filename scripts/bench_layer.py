@@ -14,7 +14,6 @@ Without ``--json`` a readable table is printed too.
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ def main(argv=None):
     from dnnfab.sw.layer import random_layer
     from dnnfab.sw.program import compile_layer
     from dnnfab.sw.fastmodel import estimate_cycles
+    from dnnfab.cosim.fuzz import scalesim_ws_cycles
     import numpy as np
 
     cfg = AcceleratorConfig(rows=args.rows, cols=args.cols, bus_bits=args.bus_bits)
@@ -65,10 +65,7 @@ def main(argv=None):
     wall = time.monotonic() - t0
 
     oh, ow = layer.out_hw
-    K = args.k * args.k * args.cin
-    npx = oh * ow
-    tiles = math.ceil(K / cfg.rows) * math.ceil(args.cout / cfg.cols)
-    scalesim = tiles * (2 * cfg.rows + cfg.cols + npx - 2) - 1
+    scalesim, physical = scalesim_ws_cycles(layer, cfg)
     cycles = report["cycles"]
     out = {
         "config": cfg.to_dict(),
@@ -79,7 +76,7 @@ def main(argv=None):
         "bit_exact": report["bit_exact"],
         "scalesim_ws_cycles": scalesim,
         "ratio_to_scalesim": cycles / scalesim,
-        "physical_limit_cycles": tiles * npx,
+        "physical_limit_cycles": physical,
         "model_cycles": est.cycles,
         "model_error": (est.cycles - cycles) / cycles,
         "counters": report["counters"],

@@ -48,5 +48,6 @@ def test_failing_run_reports_waveform():
     msg = str(info.value)
     assert "waveform:" in msg
     from pathlib import Path
-    wave = Path(msg.split("waveform:")[1].strip())
+    wave = Path(msg.split("waveform:")[1].split(" (")[0].strip())
     assert wave.exists() and wave.stat().st_size > 0
+    assert " MB, from " in msg
