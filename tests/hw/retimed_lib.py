@@ -31,7 +31,7 @@ from amaranth.hdl import Elaboratable, Fragment, Module, Signal, Value
 from amaranth.sim import Simulator
 
 __all__ = ["elaborate", "signals", "find", "finder", "origin", "registers", "edge_cover", "simulate", "mutant",
-           "therm", "Driver"]
+           "therm", "Driver", "cone", "source_locals"]
 
 
 #: ``_TokenCounter``'s ``ge2`` now, and before 636dedf (it missed count == 3 with no
@@ -52,37 +52,41 @@ def _walk(frag, path=()):
 
 
 def signals(frag):
-    """``{(path, name): (domain, Signal)}`` of every driven signal in ``frag``'s tree."""
+    """``{(path, name): [(domain, Signal), ...]}`` of every driven signal in ``frag``'s
+    tree (names need not be unique: a list per name)."""
     out = {}
     for path, f in _walk(frag):
         for dom, stmts in f.statements.items():
             for s in stmts:
                 for sig in s._lhs_signals():
-                    out[(path, sig.name)] = (dom, sig)
+                    lst = out.setdefault((path, sig.name), [])
+                    if all(x is not sig for _, x in lst):
+                        lst.append((dom, sig))
     return out
 
 
-def find(frag, name, path=None, index=None):
+def find(frag, name, path=None, index=None, domain=None):
     """The driven signal called ``name`` (in subfragment ``path``, a tuple of names, if
-    given); exactly one must match. ``index``: a :func:`signals` result to reuse."""
+    given; driven from ``domain``, if given); exactly one must match. ``index``: a
+    :func:`signals` result to reuse."""
     index = signals(frag) if index is None else index
-    hits = [sig for (p, n), (_, sig) in index.items()
-            if n == name and (path is None or p == tuple(path))]
+    hits = [sig for (p, n), lst in index.items() if n == name and (path is None or p == tuple(path))
+            for dom, sig in lst if domain is None or dom == domain]
     hits = list({id(s): s for s in hits}.values())
-    assert len(hits) == 1, f"{len(hits)} signals named {name!r} (path {path})"
+    assert len(hits) == 1, f"{len(hits)} signals named {name!r} (path {path}, domain {domain})"
     return hits[0]
 
 
 def finder(frag):
     """``find`` bound to ``frag`` with its signal index built once."""
     index = signals(frag)
-    return lambda name, path=None: find(frag, name, path, index)
+    return lambda name, path=None, domain=None: find(frag, name, path, index, domain)
 
 
 def registers(frag):
     """Names of the signals driven from the ``sync`` domain (the block's registers;
     memories are not listed: their contents are checked through their read ports)."""
-    return {(p, n) for (p, n), (dom, _) in signals(frag).items() if dom == "sync"}
+    return {(p, n) for (p, n), lst in signals(frag).items() if any(dom == "sync" for dom, _ in lst)}
 
 
 def edge_cover(init, inputs, step, limit=1_000_000):
@@ -137,10 +141,12 @@ def edge_cover(init, inputs, step, limit=1_000_000):
     return walk, len(adj), n_edges
 
 
-def simulate(frag, bench, period=1e-8, deadline=None):
-    """Run ``bench`` (an ``async def bench(ctx)`` testbench) on ``frag``."""
+def simulate(frag, bench, period=1e-8, deadline=None, clock=True):
+    """Run ``bench`` (an ``async def bench(ctx)`` testbench) on ``frag`` (``clock``:
+    with the ``sync`` domain's clock; a purely combinational fragment has none)."""
     sim = Simulator(frag)
-    sim.add_clock(period)
+    if clock:
+        sim.add_clock(period)
     sim.add_testbench(bench)
     if deadline is None:
         sim.run()
@@ -155,12 +161,14 @@ def therm(k):
 
 def mutant(obj, old=None, new=None, **env):
     """A copy of function or class ``obj`` built from its source with the expression text
-    ``old`` (which must occur exactly once) replaced by ``new``; it runs in a copy of its
-    module's namespace, with the names in ``env`` replaced (e.g. a mutant helper class)."""
+    ``old`` (which must occur exactly once; or a list of such, with ``new`` a list)
+    replaced by ``new``; it runs in a copy of its module's namespace, with the names in
+    ``env`` replaced (e.g. a mutant helper class)."""
     src = textwrap.dedent(inspect.getsource(obj))
-    if old is not None:
-        assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {obj.__name__}"
-        src = src.replace(old, new)
+    pairs = [] if old is None else [(old, new)] if isinstance(old, str) else list(zip(old, new))
+    for o, n in pairs:
+        assert src.count(o) == 1, f"{o!r} occurs {src.count(o)} times in {obj.__name__}"
+        src = src.replace(o, n)
     ns = dict(vars(sys.modules[obj.__module__]))
     ns.update(env)
     exec(compile(src, f"<mutant of {obj.__qualname__}>", "exec"), ns)
@@ -224,3 +232,67 @@ class Driver(Elaboratable):
         if self.word != self.sent:
             ctx.set(self.vec, self.word)
             self.sent = self.word
+
+
+def cone(frag, comb=(), sync=()):
+    """The real design's own expressions, cut out of ``frag`` (top level) for an
+    exhaustive check: the top-level assignments of the comb-driven signals named in
+    ``comb`` are copied as they are, and for each register named in ``sync`` its
+    top-level assignment's right-hand side drives a new comb signal ``<name>_next``.
+    Every other signal they read becomes a free input (a *leaf*).
+
+    Returns ``(module, outs, leaves)``: ``outs`` maps each name to the signal to read
+    (the copy of a comb signal, or ``<name>_next``), ``leaves`` maps leaf names to their
+    signals. A test sets the leaves, reads ``outs`` and compares with the plain
+    definition; it should also assert the leaf set, so that no input is overlooked."""
+    from amaranth.hdl._ast import Assign
+    m = Module()
+    outs, driven, reads = {}, set(), {}
+    want = {**{n: "comb" for n in comb}, **{n: "sync" for n in sync}}
+    found = {}
+    for dom, stmts in frag.statements.items():
+        for st in stmts:
+            if isinstance(st, Assign) and isinstance(st.lhs, Signal) and st.lhs.name in want \
+                    and want[st.lhs.name] == dom:
+                assert st.lhs.name not in found, f"{st.lhs.name} assigned twice at the top level"
+                found[st.lhs.name] = st
+    assert set(found) == set(want), f"no top-level assignment of {set(want) - set(found)}"
+    for name, st in found.items():
+        if want[name] == "comb":
+            m.d.comb += st.lhs.eq(st.rhs)
+            outs[name] = st.lhs
+            driven.add(id(st.lhs))
+        else:
+            nxt = Signal(st.lhs.shape(), name=f"{name}_next")
+            m.d.comb += nxt.eq(st.rhs)
+            outs[name] = nxt
+        for sig in st.rhs._rhs_signals():
+            reads[id(sig)] = sig
+    leaves = {}
+    for k, sig in reads.items():
+        if k not in driven:
+            name = sig.name
+            while name in leaves:
+                name += "'"
+            leaves[name] = sig
+    return m, outs, leaves
+
+
+def source_locals(func, names, env):
+    """The values of the local variables ``names`` of ``func``, from its source: the
+    top-level assignments to them, executed in order in ``env`` (for layouts a block
+    builds inside ``elaborate`` and does not expose)."""
+    import ast
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    body = tree.body[0].body
+    ns = dict(env)
+    todo = set(names)
+    for node in body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id in todo:
+            exec(compile(ast.Module([node], []), "<source_locals>", "exec"), ns)
+            todo.discard(node.targets[0].id)
+        if not todo:
+            break
+    assert not todo, f"no top-level assignment of {todo} in {func.__qualname__}"
+    return [ns[n] for n in names]
