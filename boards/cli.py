@@ -15,9 +15,9 @@ def _console():
 
 
 def print_table(title, columns, rows, file=None):
-    """A rich table on ``file`` (stdout); plain aligned text when not a terminal."""
-    from rich.console import Console
+    """A rich table on ``file`` (stdout), every column in full also when piped."""
     from rich.table import Table
+    from ..console import print_table as _print
     t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for c in columns:
         t.add_column(c, justify="right" if c.lower() in ("luts", "ffs", "dsps", "brams", "mhz",
@@ -25,7 +25,7 @@ def print_table(title, columns, rows, file=None):
                                                          "wall s", "cores", "dram mb/s") else "left")
     for r in rows:
         t.add_row(*[("" if v is None else str(v)) for v in r])
-    Console(file=file or sys.stdout, width=160).print(t)
+    _print(t, file=file or sys.stdout)
 
 
 # -- dnnfab boards --------------------------------------------------------------------------
@@ -51,11 +51,7 @@ def cmd_boards(args):
 # -- dnnfab synth ---------------------------------------------------------------------------
 def _resolve_top(args):
     from .synth import default_top
-    top = args.top or default_top()
-    if args.top is None and top == "array":
-        print("dnnfab: note: the accelerator top (hw/top.py) is not built yet; synthesizing "
-              "the systolic array (--top array)", file=sys.stderr)
-    return top
+    return args.top or default_top()
 
 
 def _config(args, top):
@@ -170,7 +166,7 @@ def register(sub):
                                    "and the critical path. Results are cached.")
     add_config_args(p)
     p.add_argument("--top", choices=("accelerator", "array"), default=None,
-                   help="whole accelerator (default once hw/top.py exists) or the bare array")
+                   help="whole accelerator (default) or the bare systolic array")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with --sweep)")
     p.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
                    help="synthesize every combination (repeatable; size=4,8 sets rows and cols)")

@@ -333,7 +333,14 @@ def max_array(board, base=None, top=None, fixed=None):
 
 
 def check_fit(cfg: AcceleratorConfig, board, top=None):
-    """Raise :class:`FitError` if ``cfg`` cannot fit ``board`` (analytical, milliseconds)."""
+    """Raise :class:`FitError` if ``cfg`` cannot fit ``board`` (analytical, milliseconds).
+
+    The message names the limiting resource, the need and the budget, and a fix that is
+    known to fit: a smaller array or smaller scratchpads when some configuration of
+    ``top`` fits the board; when none does (the whole accelerator on an iCE40UP5K), it
+    says so and names what fits instead -- the bare array (``--top array``) there, or the
+    boards that hold an accelerator.
+    """
     board = get_board(board)
     top = top or _TOP.get()
     rep = fit_report(cfg, board, top)
@@ -346,16 +353,53 @@ def check_fit(cfg: AcceleratorConfig, board, top=None):
     have = (f"has {r['available']} {prim}" if r["budget"] >= r["available"]
             else f"has {r['available']} {prim} ({r['budget']} usable at "
                  f"{int(UTILISATION_LIMIT[k] * 100)}%)")
-    fix = "use --rows auto --cols auto"
-    best, _ = max_array(board, {f: v for f, v in cfg.to_dict().items() if f not in ("rows", "cols")}, top)
+    problem = f"{board.fpga.part} {have}; {_describe(cfg, top)} needs {r['need']}"
+    others = {f: v for f, v in cfg.to_dict().items() if f not in ("rows", "cols")}
+    free = {f: v for f, v in others.items() if f not in _SP_FIELDS}
+    if _largest_fit(board, free, (), top) is None:
+        raise FitError(f"{problem}; {_nothing_fits(board, free, top)}")
+    # same array, scratchpads sized to fit (the BRAM-bound case)
+    sized = _with_buffers(board, dict(free, rows=cfg.rows, cols=cfg.cols), top, set(free))
+    if sized is not None and not all(fit_report(sized, board, top)[x]["ok"] for x in rep):
+        sized = None
+    best = _largest_fit(board, others, (), top)
     if best is not None:
-        fix += f" or at most {best.rows}x{best.cols}"
-    if k == "bram":
-        fix = ("make the scratchpads smaller (--act-kib/--wgt-kib/--acc-kib/--out-kib) or "
-               "use --rows auto --cols auto to size them too")
-    elif best is None:
-        fix = f"no {top} configuration fits {board.fpga.part}; choose a larger board (see `dnnfab boards`)"
-    raise FitError(f"{board.fpga.part} {have}; {_describe(cfg, top)} needs {r['need']}; {fix}")
+        fix = f"use --rows auto --cols auto or at most {best.rows}x{best.cols}"
+    else:
+        best = _largest_fit(board, free, (), top)
+        fix = (f"at most {best.rows}x{best.cols} fits, and only with smaller scratchpads than "
+               "these: use --rows auto --cols auto without scratchpad options (it sizes them "
+               "to fit)")
+    if sized is not None and top != "array":
+        fix = (f"shrink the scratchpads to fit a {cfg.rows}x{cfg.cols} array: "
+               + " ".join(f"--{f.replace('_', '-')} {getattr(sized, f)}" for f in _SP_FIELDS)
+               + f"; or {fix.removeprefix('use ')}")
+    raise FitError(f"{problem}; {fix}")
+
+
+def _nothing_fits(board, base, top):
+    """The fix when no configuration of ``top`` fits ``board``: what does fit instead."""
+    from . import list_boards
+    what = "accelerator" if top == "accelerator" else top
+    alts = []
+    if top == "accelerator":
+        arr = _largest_fit(board, base, (), "array")
+        if arr is not None:
+            alts.append(f"synthesize the bare systolic array there (--top array, up to "
+                        f"{arr.rows}x{arr.cols})")
+    fits = []
+    for b in list_boards():
+        if b.id == board.id:
+            continue
+        c = _largest_fit(b, base, (), top)
+        if c is not None:
+            fits.append(f"{b.id} (up to {c.rows}x{c.cols})")
+    if fits:
+        alts.append("use a board that holds one: " + ", ".join(fits))
+    else:
+        alts.append("no known board holds one (see `dnnfab boards`)")
+    return (f"no {what} configuration fits {board.fpga.part} ({board.id}), not even 1x1 "
+            f"with the smallest scratchpads; " + " or ".join(alts))
 
 
 # -- auto-sizing ----------------------------------------------------------------------------
@@ -388,25 +432,14 @@ def _with_buffers(board, d, top, explicit):
     return best
 
 
-def autosize(board, base, auto_fields, top=None):
-    """Config with the largest array (and scratchpads) that fits ``board``.
-
-    ``base`` is the dict of explicitly given config values; ``auto_fields`` lists the
-    fields given as ``auto`` (``rows`` and/or ``cols``). Scratchpad sizes not given
-    explicitly are chosen as the largest powers of two (keeping the default 4:4:4:2
-    ratio) that fit the block RAM left over. Candidates are powers of two (the config
-    requires it, and CNN channel counts are powers of two, so the array stays full).
-    Raises :class:`FitError` when not even a 1x1 array fits.
-    """
-    board = get_board(board)
-    top = top or _TOP.get()
-    unknown = [f for f in auto_fields if f not in ("rows", "cols")]
-    if unknown:
-        raise ConfigError(f"only --rows and --cols can be 'auto' (got {', '.join(unknown)})")
+def _largest_fit(board, base, auto_fixed, top):
+    """The config with the largest power-of-two array (and scratchpads not in ``base``)
+    that fits ``board``, or None. ``base`` may pin ``rows``/``cols`` unless they are in
+    ``auto_fixed`` (the fields to size)."""
     base = dict(base)
     base.setdefault("clock_mhz", board.clock_mhz)
     explicit = set(base)
-    fixed = {f: base[f] for f in ("rows", "cols") if f in base and f not in auto_fields}
+    fixed = {f: base[f] for f in ("rows", "cols") if f in base and f not in auto_fixed}
     cands = []
     for r in _pow2_upto(128):
         for c in _pow2_upto(128):
@@ -426,6 +459,33 @@ def autosize(board, base, auto_fields, top=None):
             rep = fit_report(cfg, board, top)
             if all(v["ok"] for v in rep.values()):
                 return cfg
-    one = AcceleratorConfig.from_dict(dict(base, rows=1, cols=1, **{f: 1 for f in _SP_FIELDS if f not in explicit}))
-    check_fit(one, board, top)   # raises with the limiting resource
+    return None
+
+
+def autosize(board, base, auto_fields, top=None):
+    """Config with the largest array (and scratchpads) that fits ``board``.
+
+    ``base`` is the dict of explicitly given config values; ``auto_fields`` lists the
+    fields given as ``auto`` (``rows`` and/or ``cols``). Scratchpad sizes not given
+    explicitly are chosen as the largest powers of two (keeping the default 4:4:4:2
+    ratio) that fit the block RAM left over. Candidates are powers of two (the config
+    requires it, and CNN channel counts are powers of two, so the array stays full).
+    Raises :class:`FitError` when not even a 1x1 array fits (the message says what fits
+    instead, see :func:`check_fit`).
+    """
+    board = get_board(board)
+    top = top or _TOP.get()
+    unknown = [f for f in auto_fields if f not in ("rows", "cols")]
+    if unknown:
+        raise ConfigError(f"only --rows and --cols can be 'auto' (got {', '.join(unknown)})")
+    base = dict(base)
+    base.setdefault("clock_mhz", board.clock_mhz)
+    cfg = _largest_fit(board, base, auto_fields, top)
+    if cfg is not None:
+        return cfg
+    explicit = set(base)
+    one = AcceleratorConfig.from_dict(dict({k: v for k, v in base.items() if k not in auto_fields},
+                                           **{f: 1 for f in ("rows", "cols") if f in auto_fields or f not in base},
+                                           **{f: 1 for f in _SP_FIELDS if f not in explicit}))
+    check_fit(one, board, top)   # raises with the limiting resource and what fits instead
     raise FitError(f"no configuration fits {board.fpga.part}; choose a larger board (see `dnnfab boards`)")

@@ -179,8 +179,8 @@ class IoHarness(Elaboratable):
 
 
 def default_top():
-    """``"accelerator"`` once hw/top.py exists, else ``"array"``."""
-    return "accelerator" if importlib.util.find_spec("dnnfab.hw.top") is not None else "array"
+    """The top :func:`synthesize` builds when none is named: the whole accelerator."""
+    return "accelerator"
 
 
 #: Technology hints per FPGA family, handed to elaboration as the "platform": on ECP5 the
@@ -194,13 +194,7 @@ def elaborate(cfg: AcceleratorConfig, top="array", harness=False, family=None):
     from amaranth.back import rtlil
     from ..hw.generate import build_top, SynthHints
     platform = SynthHints(**FAMILY_HINTS.get(family, {}))
-    try:
-        component, name = build_top(cfg, top)
-    except ModuleNotFoundError as exc:
-        if top == "accelerator" and exc.name and exc.name.endswith("hw.top"):
-            raise ConfigError("the accelerator top (hw/top.py) is not built yet; "
-                              "use --top array") from None
-        raise
+    component, name = build_top(cfg, top)
     if harness:
         h = IoHarness(component)
         return (rtlil.convert(h, name="dnnfab_ooc", ports=[h.sin, h.sout], platform=platform),

@@ -1,12 +1,21 @@
-"""``dnnfab cosim``: run one co-simulation of generated Verilog from the command line."""
+"""``dnnfab cosim``: run one co-simulation of generated Verilog from the command line.
+
+Everything that can be checked without a simulator is checked first (exit code 2, one
+line): the GEMM or layer shape, that the layer maps onto the configuration (the
+compiler's own check), and that the simulator is installed. The Verilator build (about
+two minutes for a fresh 8x8 accelerator, a second once cached) runs as its own step with
+a message on stderr, and a ticking spinner on a terminal.
+"""
 
 import json
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ["register"]
+__all__ = ["register", "check_gemm", "check_layer"]
 
 
 def _ints(text, n, what):
@@ -19,17 +28,95 @@ def _ints(text, n, what):
     return vals
 
 
+def check_gemm(text):
+    """``n, k, m`` of ``--gemm`` (each >= 1), or ConfigError."""
+    n, k, m = _ints(text, 3, "gemm")
+    bad = [f"{nm}={v}" for nm, v in zip("nkm", (n, k, m)) if v < 1]
+    if bad:
+        raise ConfigError(f"--gemm {text}: {', '.join(bad)}; a GEMM needs n, k, m >= 1 "
+                          "(n rows of K inputs times a K x M weight matrix), e.g. --gemm 64,256,8")
+    return n, k, m
+
+
+_LAYER_FIELDS = ("cin", "cout", "k", "stride", "pad", "h", "w")
+
+
+def check_layer(text, cfg):
+    """The ``--layer`` spec dict for the accelerator testbench, or ConfigError.
+
+    Besides the ranges, the layer must map onto ``cfg``: the compiler
+    (:func:`dnnfab.sw.program.compile_layer`) runs here, so a layer it cannot map fails
+    before any build with the compiler's reason.
+    """
+    vals = dict(zip(_LAYER_FIELDS, _ints(text, 7, "layer")))
+    bad = [f"{k}={v}" for k, v in vals.items() if v < (0 if k == "pad" else 1)]
+    if bad:
+        raise ConfigError(f"--layer {text}: {', '.join(bad)}; cin, cout, k, stride, h, w must "
+                          "be >= 1 and pad >= 0, e.g. --layer 16,16,3,1,1,8,8")
+    spec = dict(cin=vals["cin"], cout=vals["cout"], k=vals["k"], stride=vals["stride"],
+                pad=vals["pad"], hw=[vals["h"], vals["w"]])
+    import numpy as np
+    from ..sw.layer import random_layer
+    from ..sw.program import compile_layer
+    layer = random_layer(np.random.default_rng(0), spec["cin"], spec["cout"], k=spec["k"],
+                         stride=spec["stride"], pad=spec["pad"], in_hw=tuple(spec["hw"]))
+    from ..errors import DnnfabError
+    try:
+        compile_layer(layer, cfg)
+    except DnnfabError as exc:
+        raise ConfigError(f"--layer {text}: {str(exc).removeprefix('layer conv: ')}") from None
+    return spec
+
+
+def _build(sim, vfile, module, waves):
+    """Build (or find cached) the simulation model, telling the user what is going on."""
+    from . import runner
+    print(f"dnnfab: {sim}: building {module} (a fresh build of the accelerator takes about "
+          f"two minutes, a cached one a second; cache {runner.cache_root() / 'cosim'})",
+          file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    if sys.stderr.isatty():
+        from rich.console import Console
+        con = Console(stderr=True)
+        with con.status(f"{sim}: building {module}") as status:
+            import threading
+            done = threading.Event()
+
+            def tick():
+                while not done.wait(1.0):
+                    status.update(f"{sim}: building {module}, {time.monotonic() - t0:.0f} s")
+            th = threading.Thread(target=tick, daemon=True)
+            th.start()
+            try:
+                _, _, built, secs = runner.build([vfile], module, sim, waves)
+            finally:
+                done.set()
+                th.join()
+    else:
+        _, _, built, secs = runner.build([vfile], module, sim, waves)
+    print(f"dnnfab: {sim}: {'built' if built else 'cached build of'} {module} "
+          f"({secs:.0f} s); simulating", file=sys.stderr, flush=True)
+    return built, secs
+
+
 def cmd_cosim(args):
     from ..hw.cli import config_from_args
     from .designs import generated
     from . import runner
     cfg = config_from_args(args)
+    # every input check before the simulator and the (long) build
+    if args.top == "array":
+        n, k, m = check_gemm(args.gemm)
+    else:
+        from ..sw.runtime import check_run_config
+        check_run_config(cfg, cli=True)
+        spec = check_layer(args.layer, cfg)
     runner.check_simulator(args.sim)
     with tempfile.TemporaryDirectory() as tmp:
         rep = Path(tmp) / "report.json"
         if args.top == "array":
-            n, k, m = _ints(args.gemm, 3, "gemm")
             vfile, module, manifest = generated(cfg, "array")
+            built, build_s = _build(args.sim, vfile, module, args.waves)
             params = dict(rows=cfg.rows, cols=cfg.cols, input_bits=cfg.input_bits, weight_bits=cfg.weight_bits,
                           acc_bits=cfg.acc_bits, tag_bits=manifest["array"]["tag_bits"],
                           cases=[{"n": n, "k": k, "m": m, "seed": args.seed}], report=str(rep))
@@ -37,15 +124,15 @@ def cmd_cosim(args):
                              waves=args.waves)
             report = json.loads(rep.read_text())
         else:
-            cin, cout, k, stride, pad, h, w = _ints(args.layer, 7, "layer")
             vfile, module, _ = generated(cfg, "accelerator")
-            spec = dict(cin=cin, cout=cout, k=k, stride=stride, pad=pad, hw=[h, w], seed=args.seed)
+            built, build_s = _build(args.sim, vfile, module, args.waves)
+            spec["seed"] = args.seed
             res = runner.run([vfile], module, "dnnfab.cosim.tb_accel", sim=args.sim, testcase="layers",
                              params={"config": cfg.to_dict(), "layers": [spec], "report": str(rep)},
                              waves=args.waves)
             report = json.loads(rep.read_text())
     out = {"simulator": args.sim, "top": args.top, "config": cfg.to_dict(), "passed": True,
-           "build_dir": str(res.build_dir), "built": res.built, "build_s": round(res.build_s, 2),
+           "build_dir": str(res.build_dir), "built": built, "build_s": round(build_s, 2),
            "run_s": round(res.run_s, 2), "waves": str(res.waves) if res.waves else None, "report": report}
     if args.json:
         print(json.dumps(out, indent=2))
@@ -53,7 +140,7 @@ def cmd_cosim(args):
         print(f"cosim {args.top} {cfg.rows}x{cfg.cols} on {args.sim}: PASSED (bit-exact vs numpy)")
         for r in report:
             print(f"  cycles {r['cycles']}" + (f"  (model {r['model_cycles']})" if "model_cycles" in r else ""))
-        print(f"  build {'fresh' if res.built else 'cached'} {res.build_s:.1f}s, run {res.run_s:.1f}s, dir {res.build_dir}")
+        print(f"  build {'fresh' if built else 'cached'} {build_s:.1f}s, run {res.run_s:.1f}s, dir {res.build_dir}")
         if res.waves:
             print(f"  waveform: {res.waves}")
     return 0
@@ -61,7 +148,12 @@ def cmd_cosim(args):
 
 def register(sub):
     from ..hw.cli import add_config_args
-    p = sub.add_parser("cosim", help="co-simulate the generated Verilog against the numpy reference")
+    p = sub.add_parser("cosim", help="co-simulate the generated Verilog against the numpy reference",
+                       description="Generate the Verilog of a configuration, build it with "
+                                   "Verilator or Icarus (cached per design) and run one cocotb "
+                                   "test: a conv layer through the whole accelerator, checked "
+                                   "against the fast model bit for bit, or a GEMM through the "
+                                   "bare systolic array, checked against numpy.")
     add_config_args(p)
     p.add_argument("--sim", default="verilator", choices=("verilator", "icarus"))
     p.add_argument("--top", default="accelerator", choices=("accelerator", "array"))

@@ -98,14 +98,21 @@ def cmd_generate(args):
         b = get_board(args.board)
         extra = {"board": {"id": b.id, "part": b.fpga.full_part, "clock_mhz": cfg.clock_mhz}}
     paths = generate(cfg, args.output, top=args.top, extra=extra)
+    removed = paths.pop("removed", [])
     if args.board:
         from ..boards.synth import write_constraints
-        from .generate import TOPS
-        paths.update(write_constraints(cfg, args.board, args.output,
-                                       module=TOPS[args.top][1], verilog=paths["verilog"].name))
+        from .generate import TOPS, record_files
+        cons = write_constraints(cfg, args.board, args.output,
+                                 module=TOPS[args.top][1], verilog=paths["verilog"].name)
+        record_files(paths["manifest"], cons.values())
+        paths.update(cons)
     print(f"generated {args.top} {cfg.rows}x{cfg.cols} ({cfg.dataflow}, config {cfg.config_hash()}):")
     for kind, path in paths.items():
         print(f"  {kind:9s} {path}")
+    written = {p.name for p in paths.values()}
+    for path in removed:
+        if path.name not in written:
+            print(f"  removed   {path} (left by the previous generation in {args.output})")
     return 0
 
 

@@ -2,7 +2,10 @@
 
 The manifest records the exact config, the top-level ports (name, direction, width) and
 any block-specific facts (latency, register map), so that the driver, compiler and test
-benches read the same numbers the hardware was built with.
+benches read the same numbers the hardware was built with. It also lists every file of the
+generation (``files``): an output directory holds one generation, so generating another
+top or config into it removes the previous generation's files that the new one does not
+write (``regs.h`` of an accelerator replaced by a bare array), and nothing else.
 """
 
 from pathlib import Path
@@ -15,7 +18,7 @@ from amaranth.lib import wiring
 from .config import AcceleratorConfig
 from ..errors import ConfigError
 
-__all__ = ["TOPS", "build_top", "generate", "verilog_text", "port_list"]
+__all__ = ["TOPS", "build_top", "generate", "verilog_text", "port_list", "record_files"]
 
 
 def _array_top(cfg, **kw):
@@ -72,11 +75,37 @@ def verilog_text(component, name, platform=None):
     return LINT_PRAGMAS + verilog.convert(component, name=name, emit_src=False, platform=platform)
 
 
+def _previous_files(outdir):
+    """Files of the dnnfab generation already in ``outdir`` (from its manifest)."""
+    try:
+        old = json.loads((outdir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(old, dict) or old.get("generator") != "dnnfab":
+        return []
+    names = set(old.get("files") or ()) | {old.get("verilog"), old.get("header")}
+    return [outdir / n for n in sorted(n for n in names if isinstance(n, str) and n
+                                       and Path(n).name == n and n != "manifest.json")]
+
+
+def record_files(manifest_path, paths):
+    """Add ``paths`` (written next to the manifest, e.g. constraints) to its ``files``."""
+    manifest_path = Path(manifest_path)
+    manifest = json.loads(manifest_path.read_text())
+    files = set(manifest.get("files") or ())
+    files |= {Path(p).name for p in paths}
+    manifest["files"] = sorted(files)
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 def generate(cfg: AcceleratorConfig, outdir, top="array", extra=None):
-    """Write ``<name>.v`` and ``manifest.json`` into ``outdir``; return their paths."""
+    """Write ``<name>.v`` and ``manifest.json`` (and ``regs.h`` for the accelerator) into
+    ``outdir``; return ``{kind: path}``. Files of a previous generation in ``outdir`` that
+    this one does not write are removed; ``"removed"`` lists them (if any)."""
     component, name = build_top(cfg, top)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
+    previous = _previous_files(outdir)
     text = verilog_text(component, name)
     vpath = outdir / f"{name}.v"
     vpath.write_text(text)
@@ -106,5 +135,13 @@ def generate(cfg: AcceleratorConfig, outdir, top="array", extra=None):
         hpath.write_text(c_header(component.regmap, cfg))
         paths["header"] = hpath
         manifest["header"] = hpath.name
+    manifest["files"] = sorted(p.name for p in paths.values())
     paths["manifest"].write_text(json.dumps(manifest, indent=2) + "\n")
+    removed = []
+    for p in previous:
+        if p.name not in manifest["files"] and p.is_file():
+            p.unlink()
+            removed.append(p)
+    if removed:
+        paths["removed"] = removed
     return paths
