@@ -15,6 +15,7 @@ Blocks, plain definitions, conditions: docs/accelerator.md, "Retimed control blo
 """
 
 import importlib.util
+import itertools
 import pathlib
 import random
 import sys
@@ -402,3 +403,320 @@ def test_fifo_head_proof_catches_a_refill_that_waits():
                  "take.eq(self.fifo.r_rdy & ~valid)")
     with pytest.raises(AssertionError, match="depth 3"):
         check_fifo_head(3, cls=bad)
+
+
+# ============================================================================ Scratchpad
+def _de_bruijn(k, n):
+    """A sequence over ``range(k)`` in which every length-``n`` word occurs (cyclically)."""
+    a = [0] * k * n
+    seq = []
+
+    def db(t, p):
+        if t > n:
+            if n % p == 0:
+                seq.extend(a[1:p + 1])
+        else:
+            a[t] = a[t - p]
+            db(t + 1, p)
+            for j in range(a[t - p] + 1, k):
+                a[t] = j
+                db(t + 1, t)
+    db(1, 1)
+    return seq + seq[:n - 1]
+
+
+def check_scratchpad(w_unit, r_unit, rows=8, cls=None, seed=0):
+    """Plain definition: ``r_data`` shows the unit read ``SP_READ_LATENCY`` cycles after
+    an in-range ``r_en`` and holds otherwise (an out-of-range read is dropped); ``oob`` is
+    high the cycle after an out-of-range access. Condition: a row is not read within a
+    few cycles of a write to it. The read requests go through every sequence of five
+    (none, in range, out of range) reads (a de Bruijn sequence): the lane select follows
+    a read through the RAM's registers, so its state is a function of the last five."""
+    from dnnfab.hw.scratchpad import Scratchpad, SP_READ_LATENCY
+    cls = cls or Scratchpad
+    row_bits = max(w_unit, r_unit)
+    sp = cls(rows * row_bits // 8, w_unit, r_unit)
+    frag = elaborate(sp)
+    rng = random.Random(seed)
+    kinds = _de_bruijn(3, SP_READ_LATENCY)
+    reads = [(k, rng.randrange(sp.r_units) if k == 1 else rng.randrange(sp.r_units, 1 << 16)) for k in kinds]
+    wk, rk = sp.w_k, sp.r_k
+    mem = [rng.getrandbits(row_bits) for _ in range(rows)]
+
+    async def bench(ctx):
+        # fill the scratchpad first (every unit, known values)
+        for a in range(sp.w_units):
+            ctx.set(sp.w_en, 1)
+            ctx.set(sp.w_addr, a)
+            row, lane = divmod(a, wk)
+            ctx.set(sp.w_data, (mem[row] >> (lane * w_unit)) & ((1 << w_unit) - 1))
+            await ctx.tick()
+        ctx.set(sp.w_en, 0)
+        for _ in range(4):
+            await ctx.tick()
+        shown = None        # what r_data must hold (None: not checked yet)
+        pipe = [None] * SP_READ_LATENCY
+        prev_oob = 0
+        for t, (kind, addr) in enumerate(reads + [(0, 0)] * (SP_READ_LATENCY + 1)):
+            near = {a // rk for k, a in reads[max(0, t - 8):t + 9] if k == 1}
+            w_en = int(rng.random() < 0.5)
+            w_bad = w_en and rng.random() < 0.1
+            w_addr = rng.randrange(sp.w_units, 1 << 16) if w_bad else rng.randrange(sp.w_units)
+            if w_en and not w_bad and w_addr // wk in near:
+                w_en = 0                        # (the contract: no row read near its write)
+            w_data = rng.getrandbits(w_unit)
+            ctx.set(sp.w_en, w_en)
+            ctx.set(sp.w_addr, w_addr)
+            ctx.set(sp.w_data, w_data)
+            ctx.set(sp.r_en, int(kind != 0))
+            ctx.set(sp.r_addr, addr)
+            done = pipe.pop(0)
+            if done is not None:
+                shown = done
+            where = f"w {w_unit} r {r_unit} cycle {t}"
+            if shown is not None:
+                assert ctx.get(sp.r_data) == shown, f"{where}: r_data {ctx.get(sp.r_data):#x}, plain {shown:#x}"
+            assert ctx.get(sp.oob) == prev_oob, f"{where}: oob"
+            if kind == 1:
+                row, lane = divmod(addr, rk)
+                pipe.append((mem[row] >> (lane * r_unit)) & ((1 << r_unit) - 1))
+            else:
+                pipe.append(None)
+            prev_oob = int(kind == 2 or w_bad)
+            if w_en and not w_bad:
+                row, lane = divmod(w_addr, wk)
+                mask = ((1 << w_unit) - 1) << (lane * w_unit)
+                mem[row] = (mem[row] & ~mask) | (w_data << (lane * w_unit))
+            await ctx.tick()
+
+    simulate(frag, bench)
+    return len(kinds)
+
+
+@pytest.mark.parametrize("w_unit,r_unit", [(64, 16), (16, 64), (32, 32), (64, 32)])
+def test_scratchpad_lanes_exhaustive(w_unit, r_unit):
+    assert check_scratchpad(w_unit, r_unit) == 3 ** 5 + 4
+
+
+def test_scratchpad_proof_catches_a_lane_that_does_not_hold():
+    from dnnfab.hw.scratchpad import Scratchpad
+    # the lane shifted along every cycle instead of with the read (RAM data hold, the
+    # lane would not)
+    bad = mutant(Scratchpad, ["            with m.If(r_en):\n                m.d.sync += lane[1].eq(lane[0])",
+                              "            with m.If(r_en_q):\n                m.d.sync += lane[2].eq(lane[1])"],
+                 ["            m.d.sync += lane[1].eq(lane[0])", "            m.d.sync += lane[2].eq(lane[1])"])
+    with pytest.raises(AssertionError, match="r_data"):
+        check_scratchpad(64, 16, cls=bad)
+
+
+# ========================================================== Requantizer saturation flags
+def check_requantizer_flags(cls=None):
+    """Plain definition of stage 8: ``sat`` = ``sh6`` = ``sh5 >> n5`` saturated to
+    ``sat_bits`` (the range check decided from flags registered beside the shift, 48c8ece).
+    The flags depend on ``sh5`` only through its sign and the highest bit that differs
+    from it: every (shift 0..7, sign, highest differing bit or none) is driven into the
+    stage registers, with random bits below, twice; ``sat`` is read two cycles later."""
+    from dnnfab.hw.postproc import Requantizer
+    rq = (cls or Requantizer)(1, side_bits=1)
+    frag = elaborate(rq)
+    S = lib.finder(frag)
+    cm, _, leaves = lib.cone(frag, sync=["sh6_0", "hz0", "ho0", "mz0", "mo0"])
+    elaborate(cm)
+    assert set(leaves) == {"sh5_0", "n5_0"}, sorted(leaves)
+    sh5, n5, sat = S("sh5_0"), S("n5_0"), S("sat0")
+    width, sat_bits = len(sh5), len(sat)
+    lim = (1 << (sat_bits - 1)) - 1
+    rng = random.Random(5)
+    cases = []
+    for n in range(8):
+        for sign in (0, 1):
+            for b in range(-1, width - 1):
+                for _ in range(2):
+                    v = -1 if sign else 0
+                    if b >= 0:
+                        v ^= 1 << b
+                        v = (v & ~((1 << b) - 1)) | rng.getrandbits(b) if b else v
+                    cases.append((v, n))
+
+    async def bench(ctx):
+        for i in range(len(cases) + 2):
+            if i < len(cases):
+                v, n = cases[i]
+                ctx.set(sh5, v)
+                ctx.set(n5, n)
+            if i >= 2:
+                v, n = cases[i - 2]
+                plain = max(-lim - 1, min(lim, v >> n))
+                assert ctx.get(sat) == plain, f"sh5 {v:#x} >> {n}: sat {ctx.get(sat)}, plain {plain}"
+            await ctx.tick()
+
+    simulate(frag, bench)
+    return len(cases)
+
+
+def test_requantizer_range_flags_exhaustive():
+    assert check_requantizer_flags() == 8 * 2 * 50 * 2
+
+
+def test_requantizer_flags_proof_catches_a_missed_bit():
+    from dnnfab.hw.postproc import Requantizer
+    bad = mutant(Requantizer, "zc = Array([sh5[lo_b + s:K] == 0 if", "zc = Array([sh5[lo_b + s + 1:K] == 0 if")
+    with pytest.raises(AssertionError, match="sat"):
+        check_requantizer_flags(bad)
+
+
+# ================================================================ CSRBank write decode
+def check_csr(seed=0, cycles=1500, cls=None):
+    """Plain definition of the register bank with its write decode registered (b323acc):
+    a write is applied in the cycle after ``bvalid`` rises, so a read whose address
+    handshake follows the B handshake sees it: an ``rw`` port shows the new value (byte
+    strobes applied) from the second cycle after ``bvalid`` rises, a ``pulse`` port the
+    written bits for that one cycle, a ``w1c`` register loses the written bits then (a
+    set in the same cycle wins). A read returns what the port shows in its address
+    handshake cycle (``ro``: the input; LO latches HI). Random AXI-Lite traffic: address
+    and data in either order or together, B stalls, reads right after a B handshake."""
+    from dnnfab.hw.csr import CSRBank, Register, RegisterMap
+    regs = [Register("A", 0x0, "rw"), Register("B", 0x4, "rw", width=12, reset=0x5A5),
+            Register("EV", 0x8, "w1c", width=8), Register("P", 0xC, "pulse", width=4),
+            Register("S", 0x10, "ro", width=16), Register("K", 0x14, "const", reset=0x1234ABCD),
+            Register("C_LO", 0x18, "ro", latch="C_HI"), Register("C_HI", 0x1C, "ro")]
+    rm = RegisterMap(regs, name="t")
+    bank = (cls or CSRBank)(rm, addr_bits=8)
+    frag = elaborate(bank)
+    bus = bank.bus
+    rng = random.Random(seed)
+    model = {"A": 0, "B": 0x5A5, "EV": 0}
+    stats = {"writes": 0, "reads": 0, "reads_after_b": 0}
+
+    async def bench(ctx):
+        wr = None           # the write in flight: [name, data, strb, aw done, w done]
+        rd = None           # (name, plain value) of the read in flight
+        pulse = 0           # the pulse port's plain value this cycle
+        shadow = 0
+        hs_b_at = -10
+        prev_bv = 0
+        for t in range(cycles):
+            where = f"seed {seed} cycle {t}"
+            ev_set = rng.getrandbits(8) if rng.random() < 0.3 else 0
+            s_val, lo_val, hi_val = rng.getrandbits(16), rng.getrandbits(32), rng.getrandbits(32)
+            ctx.set(bank.ev_set, ev_set)
+            ctx.set(bank.s, s_val)
+            ctx.set(bank.c_lo, lo_val)
+            ctx.set(bank.c_hi, hi_val)
+            assert (ctx.get(bank.a), ctx.get(bank.b)) == (model["A"], model["B"]), f"{where}: rw ports"
+            assert ctx.get(bank.ev) == model["EV"], f"{where}: w1c {ctx.get(bank.ev):#x}, plain {model['EV']:#x}"
+            assert ctx.get(bank.p) == pulse, f"{where}: pulse {ctx.get(bank.p)}, plain {pulse}"
+            bv = ctx.get(bus.bvalid)
+            # -- write channel
+            if wr is None and rng.random() < 0.3:
+                wr = [rng.choice(["A", "B", "EV", "P", "K", "S"]), rng.getrandbits(32),
+                      rng.choice([0xF, 0xF, 0x1, 0x2, 0x4, 0x8, 0x3, 0xC, rng.getrandbits(4)]), False, False]
+            aw_now = wr is not None and not wr[3] and rng.random() < 0.6
+            w_now = wr is not None and not wr[4] and rng.random() < 0.6
+            ctx.set(bus.awvalid, int(aw_now))
+            ctx.set(bus.wvalid, int(w_now))
+            if wr is not None:
+                ctx.set(bus.awaddr, rm[wr[0]].offset)
+                ctx.set(bus.wdata, wr[1])
+                ctx.set(bus.wstrb, wr[2])
+            if aw_now and ctx.get(bus.awready):
+                wr[3] = True
+            if w_now and ctx.get(bus.wready):
+                wr[4] = True
+            bready = int(rng.random() < 0.7)
+            ctx.set(bus.bready, bready)
+            # -- read channel
+            ar = rd is None and not ctx.get(bus.rvalid) and (rng.random() < 0.2 or hs_b_at == t - 1)
+            name = rng.choice([r.name for r in regs])
+            ctx.set(bus.arvalid, int(ar))
+            ctx.set(bus.araddr, rm[name].offset)
+            ctx.set(bus.rready, 1)
+            if ctx.get(bus.rvalid):
+                assert rd is not None
+                assert ctx.get(bus.rdata) == rd[1], f"{where}: read {rd[0]}: {ctx.get(bus.rdata):#x}, plain {rd[1]:#x}"
+                rd = None
+            if ar and ctx.get(bus.arready):
+                stats["reads"] += 1
+                stats["reads_after_b"] += hs_b_at == t - 1
+                rd = (name, {"A": model["A"], "B": model["B"], "EV": model["EV"], "P": 0, "S": s_val,
+                             "K": 0x1234ABCD, "C_LO": lo_val, "C_HI": shadow}[name])
+                if name == "C_LO":
+                    shadow = hi_val
+            # -- the plain model's next cycle: the write lands in the cycle after bvalid rose
+            pulse = 0
+            ev_next = model["EV"] | ev_set
+            if bv and not prev_bv:
+                name_w, data_w, strb = wr[0], wr[1], wr[2]
+                stats["writes"] += 1
+                mask = sum(0xFF << (8 * i) for i in range(4) if strb >> i & 1)
+                width = rm[name_w].width
+                mask &= (1 << width) - 1
+                if name_w in ("A", "B"):
+                    model[name_w] = (model[name_w] & ~mask) | (data_w & mask)
+                elif name_w == "P":
+                    pulse = data_w & mask
+                elif name_w == "EV":
+                    ev_next = (model["EV"] & ~(data_w & mask)) | ev_set
+            model["EV"] = ev_next
+            if bv and bready:
+                hs_b_at = t
+                wr = None
+            prev_bv = bv
+            await ctx.tick()
+
+    simulate(frag, bench)
+    return stats
+
+
+def test_csr_write_decode():
+    stats = check_csr()
+    assert stats["writes"] > 100 and stats["reads_after_b"] > 20, stats
+
+
+def test_csr_proof_catches_an_unregistered_pulse():
+    # a pulse applied a cycle early (from the decode itself rather than its register)
+    from dnnfab.hw.csr import CSRBank
+    bad = mutant(CSRBank, "with m.If(h):\n                    m.d.sync += reg.eq(wdat & mask)",
+                 "with m.If(do_write & (word(aw_addr) == (r.offset >> 2))):\n                    m.d.sync += reg.eq(w_data[:r.width])")
+    with pytest.raises(AssertionError, match="pulse"):
+        check_csr(cls=bad)
+
+
+# ===================================================== top: performance-counter increments
+def test_perf_counter_increments():
+    """STALL_CYCLES' increment, combined in the second stage from its four terms each
+    registered on its own (92d5056), = ``busy & ~beat & (waiting | ~idle)`` of the terms
+    (every combination); term i is registered from its source port; every other counter's
+    increment is its single registered term (two registers on every increment, the lag
+    the counters always had)."""
+    from dnnfab.hw.config import AcceleratorConfig
+    from dnnfab.hw.regmap import COUNTERS
+    from dnnfab.hw.top import Accelerator
+    cfg = AcceleratorConfig(rows=2, cols=2, act_kib=1, wgt_kib=1, acc_kib=1, out_kib=1, aux_kib=1, bus_bits=64)
+    frag = elaborate(Accelerator(cfg))
+
+    def block(name, cls_name):
+        return next(o for o in frag.find_subfragment(name).origins if type(o).__name__ == cls_name)
+    ctrl, comp = block("controller", "Controller"), block("compute", "ComputeEngine")
+    sources = [ctrl.busy, comp.act_beat, ctrl.compute_waiting, comp.idle]
+    for i, src in enumerate(sources):
+        cm, _, leaves = lib.cone(frag, sync=[f"perf_stall_cycles_t{i}"])
+        elaborate(cm)
+        assert [id(v) for v in leaves.values()] == [id(src)], (i, leaves)
+    cm, outs, leaves = lib.cone(frag, sync=["perf_stall_cycles_inc"])
+    terms = [leaves[f"perf_stall_cycles_t{i}"] for i in range(4)]
+    assert len(leaves) == 4
+    for name in COUNTERS:
+        if name != "STALL_CYCLES":
+            c2, _, lv = lib.cone(frag, sync=[f"perf_{name.lower()}_inc"])
+            elaborate(c2)
+            assert list(lv) == [f"perf_{name.lower()}_inc_p"], (name, sorted(lv))
+
+    async def bench(ctx):
+        for bits in itertools.product((0, 1), repeat=4):
+            for s, b in zip(terms, bits):
+                ctx.set(s, b)
+            busy, beat, waiting, idle = bits
+            assert ctx.get(outs["perf_stall_cycles_inc"]) == (busy & ~beat & (waiting | ~idle) & 1), bits
+
+    simulate(elaborate(cm), bench, clock=False)
