@@ -339,7 +339,8 @@ class CSRBank(wiring.Component):
         # data and byte mask, and applied a cycle later (as ``bvalid`` is seen): the
         # registers sit next to their users all over the die (the DMA window next to the
         # DMA, ...), and decode + clock enable + the route to 32 flip-flops far away was
-        # 8.8 ns. A read issued after the B handshake still sees the new value.
+        # 8.8 ns. A read issued after the B handshake still sees the new value
+        # (tests/hw/test_retimed.py::test_csr_write_decode).
         hit = {}
         w_data_q = Signal(32)
         mask_q = Signal(32)

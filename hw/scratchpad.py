@@ -127,7 +127,8 @@ class Scratchpad(wiring.Component):
         if self.r_k == 1:
             m.d.sync += r_data.eq(mem.r_data)
         else:
-            # the lane follows the read through the RAM (and holds with it)
+            # the lane follows the read through the RAM (and holds with it; every read
+            # pattern: tests/hw/test_retimed.py::test_scratchpad_lanes_exhaustive)
             r_en_q = Signal()
             lane = [dreg(r_sh, name=f"lane{i}") for i in range(4)]
             m.d.sync += r_en_q.eq(r_en)

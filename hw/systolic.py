@@ -145,6 +145,7 @@ class SystolicArray(wiring.Component):
         inject = Signal()                     # a `first` beat enters this cycle
         # wgt.ready = ~shadow_full & (drain == 0), kept in a register of its own (computed
         # from the next values of both) so that the shadow write enables start at a flip-flop
+        # (proved on every state: tests/hw/test_retimed_compute.py::test_array_weight_ready_exhaustive)
         w_ready = Signal(init=1)
         sf_next = Signal()
         drain_zero_next = Signal()

@@ -86,10 +86,22 @@ def check_token_counter(cls=controller._TokenCounter):
         return (p + inc - dec, dec)
 
     walk, n_states, n_edges = edge_cover((0, 0), inputs, step)
+    # then a random walk (up to the top and back, in phases), as the engines drive it
+    rng = random.Random(15)
+    s, rand = (0, 0), []
+    for (inc, dec) in walk:
+        s = step(s, (inc, dec))
+    for i in range(1500):
+        up = (i // 250) % 2 == 0
+        choices = inputs(s)
+        weights = [(3 if inc and not dec else 1) if up else (3 if dec and not inc else 1) for inc, dec in choices]
+        x = rng.choices(choices, weights)[0]
+        rand.append(x)
+        s = step(s, x)
 
     async def bench(ctx):
         s = (0, 0)
-        for cyc, (inc, dec) in enumerate(walk + [(0, 0)]):
+        for cyc, (inc, dec) in enumerate(walk + rand + [(0, 0)]):
             p, d = s
             got = (ctx.get(t.count), ctx.get(dec_d), ctx.get(t.available))
             want = (p + d, d, int(p > 0))
@@ -109,7 +121,7 @@ def test_token_counter_exhaustive():
     # counts 0..255, with and without a decrement pending (none pending at 255)
     assert n_states == 256 + 255
     assert n_edges == 2038      # 4 inputs from each, but no dec at 0, no inc at 255
-    assert cycles < 3 * n_edges
+    assert cycles < 3 * n_edges     # (the covering walk's length, before the random part)
 
 
 def test_token_counter_deadlock_case():
