@@ -151,7 +151,8 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
     illegal = [i for i, w in enumerate(last_words) if w & 7 not in (1, 2, 3)]
     want_err = ((ctl.ERR_ILLEGAL_INSN, illegal[0]) if illegal else
                 (fault_code, fault_info) if fault_at is not None else None)
-    res = {"max_tok": 0, "fetches": 0, "room_waits": 0, "handover_at_stop": False, "done": []}
+    res = {"max_tok": 0, "fetches": 0, "room_waits": 0, "handover_at_stop": False, "done": [],
+           "max_read_pending": 0, "max_write_pending": 0}
 
     async def bench(ctx):
         last = {}
@@ -377,6 +378,7 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
             for q, name in ((rdp, "read"), (wrp, "write")):
                 if ctx.get(q.w_en):
                     assert ctx.get(q.w_rdy), f"{where}: {name} pending FIFO written while full"
+                res[f"max_{name}_pending"] = max(res[f"max_{name}_pending"], ctx.get(q.level))
             for name, (cnt, dd, dec, av) in toks.items():
                 if ctx.get(dec):
                     assert ctx.get(av), f"{where}: {name} decremented while not available"
@@ -428,6 +430,22 @@ def test_controller_retimed_signals(bus_bits, seed, slow, sizes):
     assert not res["error"] and res["taken"] == sum(sizes) and len(res["done"]) == len(sizes)
     assert res["max_tok"] >= 3          # the count issue 15 deadlocked at, in place
     assert res["room_waits"] > 0        # fetches waited for room in the beat FIFO
+
+
+def test_controller_pending_fifo_gates():
+    """A DMA that takes commands at once and completes them late: the read / write pending
+    FIFOs fill up to what the gates allow (registered, a command written a cycle late:
+    15 of 16 at most) and are never written while full (checked every cycle)."""
+    progs = [[Load(addr=16 * i, len0=1, sp_addr=i) for i in range(36)],
+             [Store(addr=16 * i, len0=1, sp_addr=i) for i in range(36)]]
+    timing = dict(p_rd=1.0, p_beat=1.0, rd_lat=(80, 100), wr_lat=(80, 100))
+    res = run_controller(256, progs, 77, **timing)
+    assert res["max_read_pending"] == 15 and res["max_write_pending"] == 15, res
+    # a gate without the margin for its own lag lets the write pending FIFO overflow
+    bad = lib.mutant(ctl.Controller, "(wr_pending.level < wr_pending.depth - 2)",
+                     "(wr_pending.level < wr_pending.depth)")
+    with pytest.raises(AssertionError, match="write pending FIFO written while full"):
+        run_controller(256, progs, 77, cls=bad, **timing)
 
 
 @pytest.mark.parametrize("bus_bits,k", [(256, 0), (256, 3), (256, 9), (128, 1), (128, 6), (64, 2)])
