@@ -689,7 +689,8 @@ def test_csr_proof_catches_an_unregistered_pulse():
     # a pulse applied a cycle early (from the decode itself rather than its register)
     from dnnfab.hw.csr import CSRBank
     bad = mutant(CSRBank, "with m.If(h):\n                    m.d.sync += reg.eq(wdat & mask)",
-                 "with m.If(do_write & (word(aw_addr) == (r.offset >> 2))):\n                    m.d.sync += reg.eq(w_data[:r.width])")
+                 "with m.If(do_write & (word(aw_addr) == (r.offset >> 2))):\n"
+                 "                    m.d.sync += reg.eq(w_data[:r.width])")
     with pytest.raises(AssertionError, match="pulse"):
         check_csr(cls=bad)
 

@@ -45,7 +45,6 @@ import pytest
 from amaranth.hdl import Signal, Value, signed, unsigned
 from amaranth.lib import data
 
-from dnnfab.hw import compute
 from dnnfab.hw.compute import ComputeEngine
 from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.hw.isa import Compute
@@ -138,7 +137,8 @@ def check_issue_register(cls=ComputeEngine):
                 if issue and not started:           # outside the condition (unreachable)
                     result["outside"] += got != (issue_nx, started_nx)
                     continue
-                assert got == (issue_nx, started_nx), f"{where}: (issue, started) next {got}, plain {(issue_nx, started_nx)}"
+                assert got == (issue_nx, started_nx), \
+                    f"{where}: (issue, started) next {got}, plain {(issue_nx, started_nx)}"
                 assert not got[0] or got[1], f"{where}: the next state breaks 'issue implies started'"
                 result["checked"] += 1
 
@@ -329,13 +329,15 @@ def run_engine(insns, seed, max_cycles=8000, cls=ComputeEngine, p_valid=1.0):
                 assert j < len(insns), f"{where}: an issue beyond the last job"
                 addr, ins, first, jump = issues[j][n]
                 got = (ctx.get(a_px) % (1 << 16), ctx.get(inside), ctx.get(tile_first))
-                assert got == (addr, ins, first), f"{where}: job {j} issue {n}: (address, inside, first) {got}, plain {(addr, ins, first)}"
+                assert got == (addr, ins, first), \
+                    f"{where}: job {j} issue {n}: (address, inside, first) {got}, plain {(addr, ins, first)}"
                 assert ctx.get(dut.act_rd_en) == ins and (not ins or ctx.get(dut.act_rd_addr) == addr), where
                 assert bool(ctx.get(tile_jump)) == (jump is not None), f"{where}: job {j} issue {n}: tile_jump"
                 if jump is not None:
                     res["jumps"] += 1
                     tv = tuple(bool(ctx.get(s)) for s in t_sigs)
-                    assert tv == jump, f"{where}: job {j} issue {n}: K-tile step (t_cb, t_kw, t_kh, t_last) {tv}, plain {jump}"
+                    assert tv == jump, \
+                        f"{where}: job {j} issue {n}: K-tile step (t_cb, t_kw, t_kh, t_last) {tv}, plain {jump}"
                 assert ctx.get(a_job_done) == (n == len(issues[j]) - 1), f"{where}: job end"
                 ai = [j + 1, 0] if n == len(issues[j]) - 1 else [j, n + 1]
             if ctx.get(a_job_done):

@@ -195,7 +195,8 @@ def run_dma(seed, *, cycles=2500, bus_bits=64, max_burst=4, w_buffer=8, max_wr_b
                 assert v["kd"] == v["len0"] - MB - 1 and v["kh"] == v["len0"] - 1 - P, f"{w}: row constants"
                 assert v["to4k"] == P - off(v["cur"]), f"{w}: to4k {v['to4k']} at {v['cur']:#x}"
                 blen = min(v["rem"], MB, v["to4k"])
-                assert (ctx.get(gen.blen), ctx.get(gen.blen_m1), ctx.get(gen.blen_one)) == (blen, blen - 1, blen == 1), w
+                assert (ctx.get(gen.blen), ctx.get(gen.blen_m1), ctx.get(gen.blen_one)) == \
+                    (blen, blen - 1, blen == 1), w
                 assert v["rows_last"] == (v["rows_left"] == 1) and v["rows_two"] == (v["rows_left"] == 2), w
                 assert v["planes_last"] == (v["planes_left"] == 1), w
                 assert v["nrl"] == ((v["rows_left"] == 2) or (v["rows_left"] == 1 and v["n1"] == 1)), f"{w}: nrl {v}"
