@@ -55,3 +55,53 @@ def test_cli_run_bad_model(capsys):
     assert main(["run", "no-such-model", "--samples", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no-such-model" in err[0]
+
+
+# ------------------------------------------------------------------ placement: one decision
+from dnnfab.sw.runtime import place_layer, plan_network  # noqa: E402
+from . import models_helper as mh  # noqa: E402
+
+PLACEMENT_CASES = ["conv_bn_relu", "conv_stride_pads", "conv_dilated_relu6", "conv_depthwise",
+                   "conv_grouped", "conv1d", "gemm", "matmul_add_softmax", "matmul_3d", "maxpool",
+                   "global_avgpool", "residual_bn_concat", "layout_ops"]
+
+
+@pytest.mark.parametrize("case", PLACEMENT_CASES)
+def test_float_and_quantized_placement_agree(case):
+    """``dnnfab inspect`` places the float graph, ``dnnfab run`` the quantized one: the
+    same function, the same answer, and a reason for every CPU layer only."""
+    g = dnnfab.load(mh.case(case))
+    q = dnnfab.quantize(g, calibration=mh.input_feed(g, n=2))
+    for cfg in (AcceleratorConfig(), AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=4, wgt_kib=4,
+                                                       acc_kib=4, out_kib=4, aux_kib=1)):
+        pf, pq = plan_network(g, cfg), plan_network(q, cfg)
+        assert [(k, p.where, p.reason) for k, p in pf.items()] == [(k, p.where, p.reason) for k, p in pq.items()]
+        for L in q.layers:
+            p = pq[L.name]
+            assert (p.where == "fabric") == (p.program is not None) == (p.reason == "")
+            assert p.where == "cpu" or L.op in ("conv", "gemm")
+
+
+def test_placement_reasons_name_the_limit():
+    g = dnnfab.load(mh.case("conv_depthwise"))
+    (conv,) = [L for L in g.layers if L.op == "conv"]
+    p = place_layer(conv, g.shape(conv.inputs[0]))
+    assert p.where == "cpu" and p.reason == "depthwise conv (groups=8): the array computes dense convs (groups=1) only"
+    g = dnnfab.load(mh.case("conv_grouped"))
+    (conv,) = [L for L in g.layers if L.op == "conv"]
+    assert place_layer(conv, g.shape(conv.inputs[0])).reason.startswith("grouped conv (groups=4)")
+    g = dnnfab.load("vgg19")
+    fc6 = next(L for L in g.layers if L.op == "gemm")
+    p = place_layer(fc6, g.shape(fc6.inputs[0]))
+    assert p.reason == "25088 input channels exceed the 1023 R-blocks an instruction can address"
+
+
+def test_run_network_reuses_a_plan(eeg):
+    q, name, xte = eeg
+    plan = plan_network(q)
+    a = run_network(q, {name: xte[:1]}, plan=plan, check=True)
+    b = run_network(q, {name: xte[:1]}, check=True)
+    assert a.bit_exact and b.bit_exact
+    assert all(np.array_equal(a.outputs[k], b.outputs[k]) for k in a.outputs)
+    assert [(r.where, r.cycles, r.reason) for r in a.layers] == [(r.where, r.cycles, r.reason) for r in b.layers]
+    assert all(r.reason for r in a.layers if r.where != "fabric")
