@@ -238,7 +238,7 @@ def check_run_config(cfg: AcceleratorConfig, cli=False):
     raise ConfigError(f"{', '.join(name(k) for k in bad)}: networks run as int8 x int8 with "
                       "int32 accumulators only (the quantizer, the integer reference and the "
                       f"fast model have no other widths); use {fix} (the default) -- "
-                      "generate, cosim and synth build other widths")
+                      "generate and synth build other widths, cosim --top array simulates them")
 
 
 def _fabric_conv(model, layer, prog, x_cl, L):
