@@ -343,3 +343,12 @@ def test_generate_replaces_the_previous_generation(tmp_path, capsys):
     assert manifest["top"] == "array" and manifest["files"] == ["dnnfab_systolic.v", "manifest.json"]
     assert sorted(p.name for p in out.iterdir()) == ["dnnfab_systolic.v", "manifest.json", "notes.txt"]
     assert f"removed   {out / 'regs.h'}" in printed
+
+
+@pytest.mark.parametrize("argv", [["run", "nonexistent.onnx"], ["run", "--samples", "0"],
+                                  ["cosim", "--top", "array", "--gemm", "0,0,0"]])
+def test_cli_process_prints_one_line_exit_2(argv, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "dnnfab.cli", *argv], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("dnnfab: error: ") and "Traceback" not in r.stderr
