@@ -180,8 +180,8 @@ def _data_for(zoo, label, graph, n_eval, n_calib, calibration):
         return calib, xs, None, desc
     calib = _feeds(graph, _random(graph, n_calib, seed=0))
     xs = _feeds(graph, _random(graph, n_eval, seed=1))
-    desc["calibration"] = f"{n_calib} random standard-normal inputs"
-    desc["inputs"] = f"{n_eval} random standard-normal inputs"
+    desc["calibration"] = f"{n_calib} random standard-normal input{'s' * (n_calib != 1)}"
+    desc["inputs"] = f"{n_eval} random standard-normal input{'s' * (n_eval != 1)}"
     _note(f"no data for {label}: calibrating on {n_calib} random standard-normal inputs and "
           f"running {n_eval} more, so its int8 scales are not those of real data; pass "
           "--calibration data.npy|.npz|DIR")
