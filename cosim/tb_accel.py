@@ -84,6 +84,10 @@ class Host:
             out.append(f"{block} " + ", ".join(f"{k} {v}" for k, v in vals.items()))
         return "; ".join(out)
 
+    def controller_handles(self):
+        c = self.dut.controller
+        return [(n, getattr(c, n)) for n in ("fetch_go", "load_sel", "comp_sel", "store_sel", "insn_take")]
+
     def off(self, name):
         return self.regs[name].offset
 
@@ -182,11 +186,27 @@ async def run_layer(host, cfg, mem, layer, x, prog, s):
         host.ram.write(addr, blob)
     out_addr, out_size = prog.regions["output"]
     # the hardware may only write its output region
+    trace = []
+    if s.get("trace"):
+        # debugging aid: the cycle of every fetch / load / compute / store / dispatch
+        # selection of the controller (relative to START)
+        async def tracer():
+            c = host.controller_handles()
+            t = 0
+            while True:
+                await RisingEdge(host.dut.clk)
+                t += 1
+                for name, h in c:
+                    if h.value.is_resolvable and int(h.value):
+                        trace.append((t, name))
+        tr = cocotb.start_soon(tracer())
     t_wall = time.monotonic()
     limit = s.get("limit") or 20 * prog.hw_macs // (cfg.rows * cfg.cols) + 200000
     status, cycles = await host.run(prog.regions["program"][0], len(prog.insns), out_addr,
                                     out_addr + out_size, limit=limit)
     wall = time.monotonic() - t_wall
+    if s.get("trace"):
+        tr.cancel()
     assert status & 0x4 == 0, f"error bit set: STATUS={status:#x}, ERROR_INFO={await host.rd('ERROR_INFO'):#x}"
     assert status & 0x2, f"DONE not set: STATUS={status:#x}"
     raw = host.ram.read(out_addr, out_size)
@@ -217,7 +237,8 @@ async def run_layer(host, cfg, mem, layer, x, prog, s):
     assert 2 <= cycles - counters["CYCLES"] <= 5, (cycles, counters["CYCLES"])
     await host.wr("IRQ_STATUS", 3)
     return {"layer": s, "cycles": counters["CYCLES"], "macs": layer.macs, "hw_macs": prog.hw_macs,
-            "counters": counters, "tb_cycles": cycles, "wall_s": wall, "bit_exact": True}
+            "counters": counters, "tb_cycles": cycles, "wall_s": wall, "bit_exact": True,
+            **({"trace": trace} if trace else {})}
 
 
 def error_layer(cfg):
