@@ -19,7 +19,7 @@ a plain Python model, and check the two every cycle:
 * :func:`mutant` builds a copy of a function or class from its source with one
   expression replaced: the old, wrong definitions, to show each proof can fail.
 
-Loaded by path (tests/hw is not a package): see the top of test_retimed.py.
+Imported by name: tests/hw/conftest.py puts tests/hw on sys.path (it is not a package).
 """
 
 from collections import deque

@@ -14,11 +14,8 @@ on a copy of the block with an old or plausible wrong definition and expect it t
 Blocks, plain definitions, conditions: docs/accelerator.md, "Retimed control blocks".
 """
 
-import importlib.util
 import itertools
-import pathlib
 import random
-import sys
 
 import pytest
 from amaranth.hdl import Elaboratable, Module, Signal
@@ -27,17 +24,7 @@ from amaranth.lib import data
 from dnnfab.hw import compute, controller, dma
 
 
-def _lib():
-    name = "dnnfab_tests_retimed_lib"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, pathlib.Path(__file__).with_name("retimed_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-lib = _lib()
+import retimed_lib as lib  # noqa: E402 - on sys.path through tests/hw/conftest.py
 elaborate, find, registers, edge_cover, simulate, therm, mutant = (
     lib.elaborate, lib.find, lib.registers, lib.edge_cover, lib.simulate, lib.therm, lib.mutant)
 

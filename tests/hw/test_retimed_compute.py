@@ -35,11 +35,8 @@ kernels, strides 1-3, dilation, padding, several channel blocks), every cycle:
   offered, never high with work in flight.
 """
 
-import importlib.util
 import itertools
-import pathlib
 import random
-import sys
 
 import pytest
 from amaranth.hdl import Signal, Value, signed, unsigned
@@ -51,17 +48,7 @@ from dnnfab.hw.isa import Compute
 from dnnfab.hw.systolic import SystolicArray, latency
 
 
-def _lib():
-    name = "dnnfab_tests_retimed_lib"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, pathlib.Path(__file__).with_name("retimed_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-lib = _lib()
+import retimed_lib as lib  # noqa: E402 - on sys.path through tests/hw/conftest.py
 
 CFG = AcceleratorConfig(rows=2, cols=2, acc_kib=1)
 

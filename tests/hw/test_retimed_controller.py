@@ -27,10 +27,7 @@ hw/controller.py):
   ``error`` never shows without its code.
 """
 
-import importlib.util
-import pathlib
 import random
-import sys
 from collections import deque
 
 import pytest
@@ -41,17 +38,7 @@ from dnnfab.hw.dma import desc_layout
 from dnnfab.hw.isa import Load, Store, Compute, TARGET_INSN, INSN_BITS, INSN_BYTES
 
 
-def _lib():
-    name = "dnnfab_tests_retimed_lib"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, pathlib.Path(__file__).with_name("retimed_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-lib = _lib()
+import retimed_lib as lib  # noqa: E402 - on sys.path through tests/hw/conftest.py
 
 BASE = 0x4000
 CH = ctl.FETCH_CHUNK

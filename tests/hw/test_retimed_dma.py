@@ -26,10 +26,7 @@ pulsing ``clear``. Every cycle it checks (names from hw/dma.py):
   earlier: condition, the command sits there a cycle before the start).
 """
 
-import importlib.util
-import pathlib
 import random
-import sys
 from collections import deque
 
 import pytest
@@ -42,17 +39,7 @@ from dnnfab.hw.dma import DMA, Descriptor
 from dnnfab.hw.regmap import ERR_AXI_READ, ERR_AXI_WRITE, ERR_OUT_WINDOW
 
 
-def _lib():
-    name = "dnnfab_tests_retimed_lib"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, pathlib.Path(__file__).with_name("retimed_lib.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-lib = _lib()
+import retimed_lib as lib  # noqa: E402 - on sys.path through tests/hw/conftest.py
 
 WIN_LO, WIN_HI = 0x1000, 0x0F00_0000
 
