@@ -1,4 +1,13 @@
-"""The accelerator's instruction set: one field list, used by hardware and software.
+"""The hardware spec: every fact the host side needs about the accelerator, in pure Python.
+
+No Amaranth import: the compiler, the fast model and a host program on a board's CPU read
+the instruction set, the limits of its fields, the aux lane layout, the error codes and
+the fixed pipeline latencies from here; hw/ builds its Amaranth layouts and its pipelines
+from the same numbers (hw/isa.py, hw/controller.py, hw/regmap.py, hw/dma.py,
+hw/compute.py, hw/postproc.py, hw/scratchpad.py, hw/systolic.py), and the RTL tests
+assert the latencies against this module.
+
+The instruction set: one field list, used by hardware and software.
 
 Every instruction is 256 bits (32 bytes, little-endian in DRAM). Bits [2:0] hold the
 opcode, bits [6:3] the dependency-token flags (the VTA scheme), the rest depends on the
@@ -19,26 +28,57 @@ only a next (COMPUTE), STORE only a previous (COMPUTE). Opcode 0 and 4..7 are il
 
 Descriptor fields (LOAD/STORE) follow :class:`dnnfab.hw.dma` (3-D strided, dense on the
 scratchpad side). COMPUTE fields describe an implicit-im2col convolution tile, see
-:class:`ComputeFields` and ``docs/accelerator.md``.
+:class:`ComputeFields` and ``docs/accelerator.md``. The Amaranth layouts of these
+fields are built in :mod:`dnnfab.hw.isa`.
 """
 
 from dataclasses import dataclass, fields as dc_fields
 
-from amaranth.hdl import unsigned
-from amaranth.lib import data
-
-__all__ = ["INSN_BITS", "OP_LOAD", "OP_COMPUTE", "OP_STORE", "OPCODES",
-           "HEADER", "DMA_FIELDS", "COMPUTE_FIELDS", "insn_layout", "dma_insn_layout",
-           "compute_insn_layout", "encode", "decode", "Load", "Store", "Compute",
-           "TARGET_ACT", "TARGET_WGT", "TARGET_INSN", "TARGET_AUX"]
+from enum import IntEnum
 
 INSN_BITS = 256
 INSN_BYTES = INSN_BITS // 8
 
-OP_LOAD, OP_COMPUTE, OP_STORE = 1, 2, 3
-OPCODES = {"LOAD": OP_LOAD, "COMPUTE": OP_COMPUTE, "STORE": OP_STORE}
 
-TARGET_ACT, TARGET_WGT, TARGET_INSN, TARGET_AUX = 0, 1, 2, 3
+class Opcode(IntEnum):
+    """Bits [2:0] of an instruction; 0 and 4..7 are illegal."""
+    LOAD = 1
+    COMPUTE = 2
+    STORE = 3
+
+
+class Target(IntEnum):
+    """The DMA's scratchpad targets (LOAD ``target`` field; INSN is the controller's fetch)."""
+    ACT = 0
+    WGT = 1
+    INSN = 2
+    AUX = 3
+
+
+#: the store direction has one source, the output scratchpad
+TARGET_OUT = 0
+
+
+class ErrorCode(IntEnum):
+    """STATUS.ERROR_CODE and the DMA's error code (``DNNFAB_ERR_*`` in regs.h)."""
+    NONE = 0
+    AXI_READ = 1       #: an AXI read response (DMA load) was SLVERR or DECERR
+    AXI_WRITE = 2      #: an AXI write response (DMA store) was SLVERR or DECERR
+    ILLEGAL_INSN = 3   #: the controller decoded an instruction it does not know
+    SP_RANGE = 4       #: an instruction addressed a scratchpad row out of range
+    OUT_WINDOW = 5     #: a DMA store touched a byte outside [OUT_LO, OUT_HI); not issued
+    PROG_FETCH = 6     #: fetching the instruction stream failed (AXI read error)
+
+
+# plain ints for the HDL (an IntEnum member in an Amaranth expression would take the
+# enum's shape instead of the constant's own width)
+OP_LOAD, OP_COMPUTE, OP_STORE = int(Opcode.LOAD), int(Opcode.COMPUTE), int(Opcode.STORE)
+OPCODES = {"LOAD": OP_LOAD, "COMPUTE": OP_COMPUTE, "STORE": OP_STORE}
+TARGET_ACT, TARGET_WGT, TARGET_INSN, TARGET_AUX = (int(Target.ACT), int(Target.WGT),
+                                                   int(Target.INSN), int(Target.AUX))
+ERR_NONE, ERR_AXI_READ, ERR_AXI_WRITE, ERR_ILLEGAL_INSN, ERR_SP_RANGE, ERR_OUT_WINDOW, \
+    ERR_PROG_FETCH = (int(e) for e in ErrorCode)
+ERROR_CODES = {e.name: int(e) for e in ErrorCode}
 
 HEADER = [("opcode", 3), ("pop_prev", 1), ("pop_next", 1), ("push_prev", 1), ("push_next", 1)]
 
@@ -66,28 +106,60 @@ COMPUTE_FIELDS = [
 ]
 
 
-def _layout(fields_):
-    layout = {}
-    used = 0
-    for name, width in fields_:
-        layout[name] = unsigned(width)
-        used += width
-    assert used <= INSN_BITS, used
-    if used < INSN_BITS:
-        layout["_pad"] = unsigned(INSN_BITS - used)
-    return data.StructLayout(layout)
+FIELD_WIDTHS = {name: width for name, width in HEADER + DMA_FIELDS + COMPUTE_FIELDS}
 
 
-def dma_insn_layout():
-    return _layout(HEADER + DMA_FIELDS)
+def field_max(name):
+    """Largest value of an (unsigned) instruction field."""
+    return (1 << FIELD_WIDTHS[name]) - 1
 
 
-def compute_insn_layout():
-    return _layout(HEADER + COMPUTE_FIELDS)
+# ---- limits the compiler checks (they follow from the field widths above)
+MAX_KERNEL = field_max("kh_n")            # kh, kw <= 15
+MAX_STRIDE = field_max("sh")              # stride and dilation <= 7
+MAX_PAD = field_max("pt")                 # top/left padding <= 15
+MAX_SIDE = field_max("oh_n")              # feature map height/width <= 4095 pixels
+MAX_CBP = field_max("cbp")                # R-blocks per input pixel <= 1023
+MAX_OUT_BLOCKS = field_max("out_stride")  # C-blocks per output pixel <= 255
+MAX_ROW_BEATS = field_max("len0")         # bus beats in one DMA row <= 65535
+#: width of the compute decoder's K-tile count (kh * kw * cb_n), hw/compute.py
+KTILE_BITS = 14
+MAX_K_TILES = (1 << KTILE_BITS) - 1
+
+# ---- the aux lane: bias' (int32), m (uint16), n (uint8), reserved (uint8) per output
+# channel, little-endian, one lane per array column
+AUX_FIELDS = [("bias", 32, True), ("m", 16, False), ("n", 8, False), ("rsv", 8, False)]
+AUX_LANE_BITS = sum(w for _, w, _ in AUX_FIELDS)     # 64
+AUX_LANE_BYTES = AUX_LANE_BITS // 8
+#: numpy dtype of one aux lane (the byte image the compiler writes and the fast model reads)
+AUX_DTYPE = [("bias", "<i4"), ("m", "<u2"), ("n", "u1"), ("rsv", "u1")]
+
+# ---- fixed latencies (cycles) of the RTL blocks
+MUL_LATENCY = 2          #: registered multiplier (hw/pe.py)
+RQ_LATENCY = 10          #: requantizer (hw/postproc.py)
+RAM_READ_LATENCY = 2     #: registered RAM read (hw/scratchpad.py)
+SP_READ_LATENCY = 5      #: scratchpad read: r_en -> data (hw/scratchpad.py)
+FETCH_CHUNK = 8          #: instructions per controller fetch request (hw/controller.py)
+QUEUE_DEPTH = 8          #: entries of each engine's instruction queue (hw/controller.py)
 
 
-def insn_layout():
-    return _layout(HEADER)
+def array_latency(rows, cols):
+    """Cycles from an ``act`` transfer to the matching ``out`` beat of the systolic array
+    (no stalls)."""
+    return rows + cols + 3
+
+
+def min_tile_rows(rows, cols):
+    """Shortest tile (in act beats) that streams through the array back to back without a
+    bubble."""
+    return 2 * rows + cols + 1
+
+
+# Pipeline constants of the whole accelerator as the fast model uses them; calibrated
+# against RTL measurements (tests/cosim/test_accel_layers.py asserts the estimate within
+# a tolerance).
+START_LATENCY = 8        #: CTRL write -> first fetch request (registered CSR write, start, fetch decision + rd_cmd)
+FETCH_LATENCY = 14       #: read command -> instructions in the queue (incl. the DMA's registered initial state)
 
 
 def _pack(fields_, values):

@@ -30,6 +30,7 @@ from amaranth.lib.wiring import In, Out
 
 from .config import AcceleratorConfig
 from .pe import ProcessingElement, dreg
+from .spec import array_latency, min_tile_rows
 
 __all__ = ["SystolicArray", "act_layout", "out_layout", "latency", "stream_cycles"]
 
@@ -64,14 +65,7 @@ def psum_bits(cfg: AcceleratorConfig, n):
     return min(bits, cfg.acc_bits)
 
 
-def latency(rows, cols):
-    """Cycles from an ``act`` transfer to the matching ``out`` beat (no stalls)."""
-    return rows + cols + 3
-
-
-def min_tile_rows(rows, cols):
-    """Shortest tile (in act beats) that streams back to back without a bubble."""
-    return 2 * rows + cols + 1
+latency = array_latency   # the array's latencies are facts of the spec (hw/spec.py)
 
 
 def stream_cycles(rows, cols, tiles):

@@ -21,10 +21,9 @@ import numpy as np
 
 from ..errors import FabricError, FabricDeadlock
 from ..hw.config import AcceleratorConfig
-from ..hw.isa import Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES, decode
-from ..hw.systolic import latency as array_latency, min_tile_rows
-from ..hw.postproc import LATENCY as RQ_LATENCY
-from ..hw.controller import QUEUE_DEPTH, FETCH_CHUNK
+from ..hw.spec import (Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES, decode,
+                       AUX_DTYPE, array_latency, min_tile_rows, RQ_LATENCY, QUEUE_DEPTH, FETCH_CHUNK,
+                       START_LATENCY, FETCH_LATENCY)
 from .quantize import requantize
 
 __all__ = ["FastModel", "estimate_cycles", "CycleReport", "check_tokens", "TokenReport",
@@ -327,8 +326,7 @@ class FastModel:
         R, C = cfg.rows, cfg.cols
         act = np.frombuffer(self.sp[TARGET_ACT], np.int8).reshape(-1, R)
         wgt = np.frombuffer(self.sp[TARGET_WGT], np.int8).reshape(-1, C)
-        aux = np.frombuffer(self.sp[TARGET_AUX], dtype=[("bias", "<i4"), ("m", "<u2"), ("n", "u1"),
-                                                         ("rsv", "u1")]).reshape(-1, C)
+        aux = np.frombuffer(self.sp[TARGET_AUX], dtype=AUX_DTYPE).reshape(-1, C)
         out = np.frombuffer(self.sp["out"], np.int8).reshape(-1, C).copy()
         P = c.oh_n * c.ow_n
         oh, ow = np.meshgrid(np.arange(c.oh_n), np.arange(c.ow_n), indexing="ij")
@@ -400,8 +398,8 @@ class CycleReport:
 
 # Pipeline constants of the RTL (cycles); calibrated against RTL measurements in the
 # tests (tests/cosim/test_accel_layers.py asserts the estimate within a tolerance).
-START_LATENCY = 8          # CTRL write -> first fetch request (registered CSR write, start, fetch decision + rd_cmd)
-FETCH_LATENCY = 14         # read command -> instructions in the queue (incl. the DMA's registered initial state)
+# START_LATENCY (CTRL write -> first fetch request) and FETCH_LATENCY (read command ->
+# instructions in the queue) come from hw/spec.py.
 # Read-channel effects measured on the RTL (tests/cosim/test_fuzz_rtl.py, scripts/fuzz_rtl.py
 # records; per-cycle traces of the controller's selections): only the second instruction
 # chunk, requested right behind the first, delays the loads (later chunks slip into gaps);

@@ -19,7 +19,7 @@ from dnnfab.errors import FabricError, FabricDeadlock
 from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.hw.controller import Controller
 from dnnfab.hw.dma import desc_layout
-from dnnfab.hw.isa import Load, Store, Compute, INSN_BITS, INSN_BYTES, TARGET_INSN
+from dnnfab.hw.spec import Load, Store, Compute, INSN_BITS, INSN_BYTES, TARGET_INSN
 from dnnfab.sw.layer import random_layer
 from dnnfab.sw.program import compile_layer, UnsupportedLayerError
 from dnnfab.sw.fastmodel import (FastModel, estimate_cycles, check_tokens, TokenMachine,
@@ -53,9 +53,10 @@ def _one_line(exc):
 def test_capacity_and_width_are_the_rtls():
     """9 = the RegFIFO's 8 entries + the head register; counters are 8 bits wide."""
     from amaranth.hdl import Module, Fragment
-    from dnnfab.hw.controller import QUEUE_DEPTH, _TokenCounter
+    from dnnfab.hw.controller import _TokenCounter
+    from dnnfab.hw.spec import QUEUE_DEPTH
     from dnnfab.hw.dma import RegFIFO
-    from dnnfab.hw.isa import INSN_BITS
+    from dnnfab.hw.spec import INSN_BITS
 
     assert QUEUE_DEPTH == 8 and QUEUE_CAPACITY == QUEUE_DEPTH + 1 == 9
     m = Module()
