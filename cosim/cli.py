@@ -45,7 +45,7 @@ def check_layer(text, cfg):
     """The ``--layer`` spec dict for the accelerator testbench, or ConfigError.
 
     Besides the ranges, the layer must map onto ``cfg``: the compiler
-    (:func:`dnnfab.sw.program.compile_layer`) runs here, so a layer it cannot map fails
+    (:func:`dnnfab.sw.compiler.program.compile_layer`) runs here, so a layer it cannot map fails
     before any build with the compiler's reason.
     """
     vals = dict(zip(_LAYER_FIELDS, _ints(text, 7, "layer")))
@@ -56,8 +56,8 @@ def check_layer(text, cfg):
     spec = dict(cin=vals["cin"], cout=vals["cout"], k=vals["k"], stride=vals["stride"],
                 pad=vals["pad"], hw=[vals["h"], vals["w"]])
     import numpy as np
-    from ..sw.layer import random_layer
-    from ..sw.program import compile_layer
+    from ..sw.compiler.layer import random_layer
+    from ..sw.compiler.program import compile_layer
     layer = random_layer(np.random.default_rng(0), spec["cin"], spec["cout"], k=spec["k"],
                          stride=spec["stride"], pad=spec["pad"], in_hw=tuple(spec["hw"]))
     from ..errors import DnnfabError

@@ -28,8 +28,8 @@ from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.hw.regmap import accelerator_regmap, COUNTERS
 from cocotb.utils import get_sim_time
 from dnnfab.cosim.fuzz import layer_from_spec
-from dnnfab.sw.layer import random_layer
-from dnnfab.sw.program import compile_layer
+from dnnfab.sw.compiler.layer import random_layer
+from dnnfab.sw.compiler.program import compile_layer
 
 GUARD = 0xA5
 

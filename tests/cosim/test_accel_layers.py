@@ -9,9 +9,9 @@ import pytest
 from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.cosim.designs import generated
 from dnnfab.cosim import runner
-from dnnfab.sw.layer import random_layer
-from dnnfab.sw.program import compile_layer
-from dnnfab.sw.fastmodel import estimate_cycles
+from dnnfab.sw.compiler.layer import random_layer
+from dnnfab.sw.compiler.program import compile_layer
+from dnnfab.sw.compiler.fastmodel import estimate_cycles
 
 SIMS = [pytest.param(s, marks=pytest.mark.skipif(not runner.available(s), reason=f"{s} not installed"))
         for s in runner.SIMULATORS]

@@ -20,10 +20,11 @@ from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.hw.controller import Controller
 from dnnfab.hw.dma import desc_layout
 from dnnfab.hw.spec import Load, Store, Compute, INSN_BITS, INSN_BYTES, TARGET_INSN
-from dnnfab.sw.layer import random_layer
-from dnnfab.sw.program import compile_layer, UnsupportedLayerError
-from dnnfab.sw.fastmodel import (FastModel, estimate_cycles, check_tokens, TokenMachine,
-                                 QUEUE_CAPACITY, TOKEN_MAX, CHANNELS, ENGINES)
+from dnnfab.sw.compiler.layer import random_layer
+from dnnfab.sw.compiler.program import compile_layer, UnsupportedLayerError
+from dnnfab.sw.compiler.fastmodel import (estimate_cycles, check_tokens, TokenMachine,
+                                          QUEUE_CAPACITY, TOKEN_MAX, CHANNELS, ENGINES)
+from dnnfab.sw.driver.fastmodel import FastModel
 
 CFG_8 = AcceleratorConfig(rows=8, cols=8)
 CFG_SMALL = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8,

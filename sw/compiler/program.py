@@ -1,6 +1,6 @@
 """Program builder: one conv2d / GEMM layer -> accelerator instruction stream + DRAM images.
 
-This is the core of the compiler. Given a :class:`~dnnfab.sw.layer.ConvLayer` and an
+This is the core of the compiler. Given a :class:`~dnnfab.sw.compiler.layer.ConvLayer` and an
 :class:`~dnnfab.hw.config.AcceleratorConfig` it decides
 
 * the DRAM layout: activations NHWC with channels padded to ``max(R, C, bus bytes)``
@@ -23,9 +23,9 @@ import math
 
 import numpy as np
 
-from ..errors import DnnfabError, ModelError
-from ..hw.config import AcceleratorConfig
-from ..hw.spec import (Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES, AUX_DTYPE,
+from ...errors import DnnfabError, ModelError
+from ...hw.config import AcceleratorConfig
+from ...hw.spec import (Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES, AUX_DTYPE,
                        AUX_LANE_BYTES, MAX_KERNEL, MAX_STRIDE, MAX_PAD, MAX_SIDE, MAX_CBP, MAX_OUT_BLOCKS,
                        MAX_K_TILES, MAX_ROW_BEATS)
 from .layer import ConvLayer
