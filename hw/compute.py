@@ -24,7 +24,7 @@ input channels. Blocks, each running on its own, connected by small job FIFOs:
 Because the array switches weights in flight, K tiles and even consecutive instructions
 stream with no bubble once a tile has at least ``2R + C + 1`` pixels.
 
-Timing model (asserted against RTL in tests): see :mod:`dnnfab.sw.perfmodel`.
+Timing model (asserted against RTL in tests): see :func:`dnnfab.sw.compiler.fastmodel.estimate_cycles`.
 """
 
 from amaranth.hdl import Signal, Module, Const, signed, unsigned, Cat, Mux

@@ -9,7 +9,7 @@ on the way out, so the streams are plain row vectors.
 Weights are double-buffered inside the PEs: the ``wgt`` stream loads the next tile (R beats,
 row 0 first) into shadow registers while the current tile streams; the ``act`` beat
 flagged ``first`` switches every PE to the new tile as it reaches it. Tiles therefore follow
-each other without bubbles whenever a tile is at least :meth:`SystolicArray.min_tile_rows`
+each other without bubbles whenever a tile is at least :func:`dnnfab.hw.spec.min_tile_rows`
 rows long (otherwise the weight preload sets the pace).
 
 Timing (exact; asserted against RTL in the tests):
