@@ -3,7 +3,7 @@
 Sub-commands live next to the code they drive; each of these modules exposes
 ``register(subparsers)`` which adds its commands with ``set_defaults(func=...)``:
 
-* :mod:`dnnfab.hw.cli`             -- ``generate``
+* :mod:`dnnfab.gencli`             -- ``generate``
 * :mod:`dnnfab.cosim.cli`          -- ``cosim``
 * :mod:`dnnfab.boards.cli`         -- ``boards``, ``synth``
 * :mod:`dnnfab.sw.runtime.cli`     -- ``models``, ``inspect``
@@ -19,7 +19,7 @@ import sys
 from .errors import DnnfabError
 
 COMMAND_MODULES = (
-    "dnnfab.hw.cli",
+    "dnnfab.gencli",
     "dnnfab.cosim.cli",
     "dnnfab.boards.cli",
     "dnnfab.sw.runtime.cli",

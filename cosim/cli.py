@@ -100,7 +100,7 @@ def _build(sim, vfile, module, waves):
 
 
 def cmd_cosim(args):
-    from ..hw.cli import config_from_args
+    from ..gencli import config_from_args
     from .designs import generated
     from . import runner
     cfg = config_from_args(args)
@@ -147,7 +147,7 @@ def cmd_cosim(args):
 
 
 def register(sub):
-    from ..hw.cli import add_config_args
+    from ..gencli import add_config_args
     p = sub.add_parser("cosim", help="co-simulate the generated Verilog against the numpy reference",
                        description="Generate the Verilog of a configuration, build it with "
                                    "Verilator or Icarus (cached per design) and run one cocotb "

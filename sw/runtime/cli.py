@@ -25,7 +25,7 @@ def register(subparsers):
     p.add_argument("model", help="path to an .onnx file or a zoo model name")
     p.add_argument("--batch", type=int, default=1, help="batch size for a dynamic batch dim")
     add_input_shape_arg(p)
-    from ...hw.cli import add_config_args
+    from ...gencli import add_config_args
     add_config_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_inspect)
@@ -136,7 +136,7 @@ def _si(v):
 def cmd_inspect(args):
     if args.batch < 1:
         raise DnnfabError(f"--batch must be >= 1, got {args.batch}")
-    from ...hw.cli import config_from_args
+    from ...gencli import config_from_args
     from .network import check_run_config
     cfg = config_from_args(args)
     check_run_config(cfg, cli=True)

@@ -259,7 +259,7 @@ def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=Tru
 
 
 def cmd_run(args):
-    from ...hw.cli import config_from_args
+    from ...gencli import config_from_args
     from .network import check_run_config
     _check_counts(args.samples, args.calib)
     cfg = config_from_args(args)
@@ -302,7 +302,7 @@ RUN_DESCRIPTION = (
 
 
 def register(sub):
-    from ...hw.cli import add_config_args
+    from ...gencli import add_config_args
     from .cli import add_input_shape_arg
     p = sub.add_parser("run", help="run a model on the accelerator (default: bundled digits-cnn, fast model)",
                        description=RUN_DESCRIPTION)
