@@ -167,6 +167,15 @@ def test_the_package_is_where_the_test_looks():
     assert "dnnfab.sw.cpu.reference" in [d for d, _ in graph["dnnfab.sw.runtime.api"]]
 
 
+def test_every_package_is_installed():
+    """pyproject.toml lists every package (setuptools installs only the listed ones)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(text.split("packages = [", 1)[1].split("]", 1)[0].replace('"', "").replace(",", " ").split())
+    _, modules = import_graph()
+    pkgs = {m for m, p in modules.items() if p.name == "__init__.py"}
+    assert pkgs == listed
+
+
 def test_sw_layers_and_hw_boundaries():
     graph, _ = import_graph()
     assert layer_violations(graph) == []
