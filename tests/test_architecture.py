@@ -224,8 +224,7 @@ from dnnfab.sw.compiler.program import compile_layer
 from dnnfab.sw.compiler.fastmodel import estimate_cycles
 from dnnfab.sw.driver.fastmodel import FastModel
 
-cfg = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8,
-                        out_kib=4, aux_kib=1)
+cfg = AcceleratorConfig.from_dict(json.loads(sys.argv[1]))
 rng = np.random.default_rng(3)
 layer = random_layer(rng, 5, 6, k=3, pad=1, in_hw=(6, 6))
 prog = compile_layer(layer, cfg)
@@ -246,15 +245,14 @@ def test_host_side_imports_and_runs_without_amaranth():
     """The same compile + fast-model run as a host program on a board's CPU would do: bit
     exact, and the same cycle count as with the HDL toolchain importable."""
     import numpy as np
-    from dnnfab.hw.config import AcceleratorConfig
+    from presets import CFG_SMALL as cfg
     from dnnfab.sw.compiler.layer import random_layer
     from dnnfab.sw.compiler.program import compile_layer
     from dnnfab.sw.compiler.fastmodel import estimate_cycles
-    cfg = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8,
-                            out_kib=4, aux_kib=1)
     want = estimate_cycles(compile_layer(random_layer(np.random.default_rng(3), 5, 6, k=3, pad=1,
                                                       in_hw=(6, 6)), cfg)).cycles
-    res = subprocess.run([sys.executable, "-c", _BLOCKED], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", _BLOCKED, json.dumps(cfg.to_dict())],
+                         capture_output=True, text=True,
                          env=dict(os.environ), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ from amaranth.sim import Simulator
 from hypothesis import given, settings, strategies as st, HealthCheck
 
 from dnnfab.errors import FabricError, FabricDeadlock
-from dnnfab.hw.config import AcceleratorConfig
+from presets import CFG_8, CFG_SMALL
 from dnnfab.hw.controller import Controller
 from dnnfab.hw.dma import desc_layout
 from dnnfab.hw.spec import Load, Store, Compute, INSN_BITS, INSN_BYTES, TARGET_INSN
@@ -26,9 +26,6 @@ from dnnfab.sw.compiler.fastmodel import (estimate_cycles, check_tokens, TokenMa
                                           QUEUE_CAPACITY, TOKEN_MAX, CHANNELS, ENGINES)
 from dnnfab.sw.driver.fastmodel import FastModel
 
-CFG_8 = AcceleratorConfig(rows=8, cols=8)
-CFG_SMALL = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8,
-                              out_kib=4, aux_kib=1)
 
 # the flags each engine's RTL reads: (flag, channel)
 POPS = {Load: [("pop_next", "c2l")], Compute: [("pop_prev", "l2c"), ("pop_next", "s2c")],
