@@ -43,7 +43,7 @@ from amaranth.lib.fifo import SyncFIFO
 from .config import AcceleratorConfig
 from .dma import RegFIFO
 from .pe import dreg
-from .spec import ERR_ILLEGAL_INSN, FETCH_CHUNK, QUEUE_DEPTH
+from .spec import ERR_ILLEGAL_INSN, FETCH_CHUNK, QUEUE_DEPTH, TOKEN_BITS
 from .isa import (INSN_BITS, OP_LOAD, OP_COMPUTE, OP_STORE, TARGET_INSN, dma_insn_layout,
                   compute_insn_layout, insn_layout)
 
@@ -65,7 +65,7 @@ class _TokenCounter:
     """
 
     def __init__(self, m, name):
-        self.count = Signal(8, name=f"tok_{name}")
+        self.count = Signal(TOKEN_BITS, name=f"tok_{name}")
         self.inc = Signal(name=f"tok_{name}_inc")
         self.dec = Signal(name=f"tok_{name}_dec")
         self.available = Signal(name=f"tok_{name}_avail")

@@ -141,6 +141,7 @@ RAM_READ_LATENCY = 2     #: registered RAM read (hw/scratchpad.py)
 SP_READ_LATENCY = 5      #: scratchpad read: r_en -> data (hw/scratchpad.py)
 FETCH_CHUNK = 8          #: instructions per controller fetch request (hw/controller.py)
 QUEUE_DEPTH = 8          #: entries of each engine's instruction queue (hw/controller.py)
+TOKEN_BITS = 8           #: width of each dependency-token counter (hw/controller.py)
 
 
 def array_latency(rows, cols):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ...errors import FabricError, FabricDeadlock
 from ...hw.spec import (Load, Store, Compute, INSN_BYTES, array_latency, min_tile_rows, RQ_LATENCY, QUEUE_DEPTH, FETCH_CHUNK,
-                        START_LATENCY, FETCH_LATENCY)
+                        START_LATENCY, FETCH_LATENCY, TOKEN_BITS)
 
 __all__ = ["estimate_cycles", "CycleReport", "check_tokens", "TokenReport",
            "TokenMachine", "QUEUE_CAPACITY", "TOKEN_BITS", "TOKEN_MAX", "ENGINES", "CHANNELS"]
@@ -38,7 +38,7 @@ def _wrap32(x):
 #: without needing any more; one for the same engine behind those 9 waits in the
 #: dispatcher's instruction register and blocks dispatch of everything after it.
 QUEUE_CAPACITY = QUEUE_DEPTH + 1
-TOKEN_BITS = 8             # ``_TokenCounter.count`` (hw/controller.py)
+# TOKEN_BITS: ``_TokenCounter.count`` (hw/controller.py), from hw/spec.py
 TOKEN_MAX = (1 << TOKEN_BITS) - 1
 
 ENGINES = ("LOAD", "COMPUTE", "STORE")
