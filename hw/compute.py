@@ -35,9 +35,9 @@ from amaranth.lib.memory import Memory
 
 from .config import AcceleratorConfig
 from .isa import compute_insn_layout
-from .spec import AUX_FIELDS, AUX_LANE_BITS, KTILE_BITS
-from .systolic import SystolicArray, min_tile_rows
-from .postproc import Requantizer, LATENCY as RQ_LATENCY
+from .spec import AUX_FIELDS, AUX_LANE_BITS, KTILE_BITS, RQ_LATENCY, min_tile_rows
+from .systolic import SystolicArray
+from .postproc import Requantizer
 from .pe import registered_mul, MUL_LATENCY, dreg
 from .scratchpad import RegisteredRAM, RAM_READ_LATENCY, SP_READ_LATENCY, dup_reg
 from .dma import RegFIFO, thermometer

@@ -32,7 +32,7 @@ from .config import AcceleratorConfig
 from .pe import ProcessingElement, dreg
 from .spec import array_latency, min_tile_rows
 
-__all__ = ["SystolicArray", "act_layout", "out_layout", "latency", "stream_cycles"]
+__all__ = ["SystolicArray", "act_layout", "out_layout", "stream_cycles"]
 
 
 def act_layout(cfg: AcceleratorConfig, tag_bits=0):
@@ -65,7 +65,6 @@ def psum_bits(cfg: AcceleratorConfig, n):
     return min(bits, cfg.acc_bits)
 
 
-latency = array_latency   # the array's latencies are facts of the spec (hw/spec.py)
 
 
 def stream_cycles(rows, cols, tiles):
@@ -81,7 +80,7 @@ def stream_cycles(rows, cols, tiles):
     start = rows                      # the first tile's preload takes R cycles
     for npx in tiles[:-1]:
         start += max(npx, min_tile_rows(rows, cols))
-    return start + tiles[-1] + latency(rows, cols)
+    return start + tiles[-1] + array_latency(rows, cols)
 
 
 class SystolicArray(wiring.Component):
@@ -121,7 +120,7 @@ class SystolicArray(wiring.Component):
 
     @property
     def latency(self):
-        return latency(self.config.rows, self.config.cols)
+        return array_latency(self.config.rows, self.config.cols)
 
     def elaborate(self, platform):
         cfg = self.config
