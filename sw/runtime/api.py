@@ -26,7 +26,7 @@ class QuantizedNetwork(QuantizedGraph):
     ``run(feed)`` quantizes the float inputs, executes the integer reference
     (:func:`dnnfab.sw.cpu.reference.run_reference`) and returns dequantized float outputs
     named as in the ONNX model. ``run_int`` returns the int8 output codes instead.
-    ``options``: an :class:`~dnnfab.sw.options.Options` (default: the environment's).
+    ``options``: an :class:`~dnnfab.sw.cpu.options.Options` (default: the environment's).
     """
 
     def run_int(self, feed, observer=None, options=None):
