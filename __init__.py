@@ -1,7 +1,8 @@
 """dnnfab: turn a trained neural network into a running FPGA accelerator system.
 
 The package maps the repository's top-level folders: ``dnnfab.hw`` (Amaranth hardware),
-``dnnfab.sw`` (host software: front end, quantizer, reference, compiler, runtime),
+``dnnfab.sw`` (host software in layers: ir, frontend, quant, ref, cpu, compiler, driver,
+runtime; docs/architecture.md),
 ``dnnfab.cosim`` (cocotb co-simulation), ``dnnfab.boards`` (board descriptions) and
 ``dnnfab.models`` (bundled models).
 """
@@ -15,11 +16,11 @@ __all__ = ["DnnfabError", "load", "quantize", "__version__"]
 
 def load(model, **kwargs):
     """Load an ONNX model (path, bytes, ``onnx.ModelProto`` or zoo name) into a graph."""
-    from .sw.api import load as _load
+    from .sw.runtime.api import load as _load
     return _load(model, **kwargs)
 
 
 def quantize(graph, calibration=None, **kwargs):
-    """Post-training int8 quantization of a loaded graph (see :mod:`dnnfab.sw.quantize`)."""
-    from .sw.api import quantize as _quantize
+    """Post-training int8 quantization of a loaded graph (see :mod:`dnnfab.sw.quant.ptq`)."""
+    from .sw.runtime.api import quantize as _quantize
     return _quantize(graph, calibration=calibration, **kwargs)

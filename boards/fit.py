@@ -68,7 +68,7 @@ _TOP = ContextVar("dnnfab_fit_top", default="accelerator")
 def target_top(top):
     """Within this block, :func:`check_fit` / :func:`autosize` default to ``top``.
 
-    ``dnnfab synth --top array`` wraps :func:`dnnfab.hw.cli.config_from_args` in it, so
+    ``dnnfab synth --top array`` wraps :func:`dnnfab.gencli.config_from_args` in it, so
     the board check there sizes the array rather than the whole accelerator.
     """
     tok = _TOP.set(top)

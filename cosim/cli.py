@@ -45,7 +45,7 @@ def check_layer(text, cfg):
     """The ``--layer`` spec dict for the accelerator testbench, or ConfigError.
 
     Besides the ranges, the layer must map onto ``cfg``: the compiler
-    (:func:`dnnfab.sw.program.compile_layer`) runs here, so a layer it cannot map fails
+    (:func:`dnnfab.sw.compiler.program.compile_layer`) runs here, so a layer it cannot map fails
     before any build with the compiler's reason.
     """
     vals = dict(zip(_LAYER_FIELDS, _ints(text, 7, "layer")))
@@ -56,8 +56,8 @@ def check_layer(text, cfg):
     spec = dict(cin=vals["cin"], cout=vals["cout"], k=vals["k"], stride=vals["stride"],
                 pad=vals["pad"], hw=[vals["h"], vals["w"]])
     import numpy as np
-    from ..sw.layer import random_layer
-    from ..sw.program import compile_layer
+    from ..sw.compiler.layer import random_layer
+    from ..sw.compiler.program import compile_layer
     layer = random_layer(np.random.default_rng(0), spec["cin"], spec["cout"], k=spec["k"],
                          stride=spec["stride"], pad=spec["pad"], in_hw=tuple(spec["hw"]))
     from ..errors import DnnfabError
@@ -100,7 +100,7 @@ def _build(sim, vfile, module, waves):
 
 
 def cmd_cosim(args):
-    from ..hw.cli import config_from_args
+    from ..gencli import config_from_args
     from .designs import generated
     from . import runner
     cfg = config_from_args(args)
@@ -147,7 +147,7 @@ def cmd_cosim(args):
 
 
 def register(sub):
-    from ..hw.cli import add_config_args
+    from ..gencli import add_config_args
     p = sub.add_parser("cosim", help="co-simulate the generated Verilog against the numpy reference",
                        description="Generate the Verilog of a configuration, build it with "
                                    "Verilator or Icarus (cached per design) and run one cocotb "

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..hw.config import AcceleratorConfig
-from ..sw.layer import ConvLayer, random_layer
+from ..sw.compiler.layer import ConvLayer, random_layer
 
 __all__ = ["layer_from_spec", "draw_spec", "draw_cases", "check_model", "run_rtl", "evaluate", "fuzz", "KINDS"]
 
@@ -179,8 +179,8 @@ def draw_cases(cfg, count, seed, max_cycles=60000):
     """``count`` specs (every kind in turn) whose model estimate is at most
     ``max_cycles``, each as ``(spec, estimated cycles)`` with its watchdog ``limit`` set
     (``2 x estimate + 10000``); specs the compiler rejects are redrawn (counted)."""
-    from ..sw.program import compile_layer, UnsupportedLayerError
-    from ..sw.fastmodel import estimate_cycles
+    from ..sw.compiler.program import compile_layer, UnsupportedLayerError
+    from ..sw.compiler.fastmodel import estimate_cycles
     rng = np.random.default_rng(seed)
     cases, rejected = [], 0
     while len(cases) < count:
@@ -212,16 +212,16 @@ def with_limit(spec, est):
 
 
 def estimate(cfg, spec):
-    from ..sw.program import compile_layer
-    from ..sw.fastmodel import estimate_cycles
+    from ..sw.compiler.program import compile_layer
+    from ..sw.compiler.fastmodel import estimate_cycles
     return estimate_cycles(compile_layer(layer_from_spec(spec)[0], cfg)).cycles
 
 
 def check_model(cfg, spec):
     """The fast model on the case: ``None`` if bit-exact with the reference, else the
     reason (a deadlock raises :class:`~dnnfab.errors.FabricError` naming the engines)."""
-    from ..sw.program import compile_layer
-    from ..sw.fastmodel import FastModel
+    from ..sw.compiler.program import compile_layer
+    from ..sw.driver.fastmodel import FastModel
     layer, x = layer_from_spec(spec)
     y = FastModel(cfg).run_layer(compile_layer(layer, cfg), x)
     if not np.array_equal(y, layer.reference(x)):

@@ -28,8 +28,8 @@ from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.hw.regmap import accelerator_regmap, COUNTERS
 from cocotb.utils import get_sim_time
 from dnnfab.cosim.fuzz import layer_from_spec
-from dnnfab.sw.layer import random_layer
-from dnnfab.sw.program import compile_layer
+from dnnfab.sw.compiler.layer import random_layer
+from dnnfab.sw.compiler.program import compile_layer
 
 GUARD = 0xA5
 
@@ -136,7 +136,7 @@ async def setup(dut, cfg, mem_size):
 
 
 def expected_rd_bytes(prog, cfg):
-    from dnnfab.hw.controller import FETCH_CHUNK
+    from dnnfab.hw.spec import FETCH_CHUNK
     load_bytes = sum(i.len0 * i.n1 * i.n2 for i in prog.insns if type(i).__name__ == "Load") * cfg.bus_bytes
     return load_bytes + len(prog.insns) * 32
 

@@ -24,7 +24,7 @@ input channels. Blocks, each running on its own, connected by small job FIFOs:
 Because the array switches weights in flight, K tiles and even consecutive instructions
 stream with no bubble once a tile has at least ``2R + C + 1`` pixels.
 
-Timing model (asserted against RTL in tests): see :mod:`dnnfab.sw.perfmodel`.
+Timing model (asserted against RTL in tests): see :func:`dnnfab.sw.compiler.fastmodel.estimate_cycles`.
 """
 
 from amaranth.hdl import Signal, Module, Const, signed, unsigned, Cat, Mux
@@ -35,15 +35,15 @@ from amaranth.lib.memory import Memory
 
 from .config import AcceleratorConfig
 from .isa import compute_insn_layout
-from .systolic import SystolicArray, min_tile_rows
-from .postproc import Requantizer, LATENCY as RQ_LATENCY
+from .spec import AUX_FIELDS, AUX_LANE_BITS, KTILE_BITS, RQ_LATENCY, min_tile_rows
+from .systolic import SystolicArray
+from .postproc import Requantizer
 from .pe import registered_mul, MUL_LATENCY, dreg
 from .scratchpad import RegisteredRAM, RAM_READ_LATENCY, SP_READ_LATENCY, dup_reg
 from .dma import RegFIFO, thermometer
 
 __all__ = ["ComputeEngine", "aux_layout", "AUX_LANE_BITS"]
 
-AUX_LANE_BITS = 64   # bias (32) | m (16) | n (8) | reserved (8)
 
 
 def _credit(m, name, inc, dec, limit, split=False):
@@ -64,7 +64,7 @@ def _credit(m, name, inc, dec, limit, split=False):
 
 
 def aux_layout(cfg):
-    lane = data.StructLayout({"bias": signed(32), "m": unsigned(16), "n": unsigned(8), "rsv": unsigned(8)})
+    lane = data.StructLayout({name: (signed if sgn else unsigned)(width) for name, width, sgn in AUX_FIELDS})
     return data.ArrayLayout(lane, cfg.cols)
 
 
@@ -225,7 +225,7 @@ class ComputeEngine(wiring.Component):
         step_ow = mul(insn.sw, insn.cbp, "dec_sow")[:A]
         step_kw = mul(insn.dw, insn.cbp, "dec_skw")[:A]
         plcbp = mul(insn.pl, insn.cbp, "dec_pl")[:A]
-        ktiles = mul(khkw, insn.cb_n, "dec_kt")[:14]
+        ktiles = mul(khkw, insn.cb_n, "dec_kt")[:KTILE_BITS]
         ptrs = mul(insn.pt, row_stride, "dec_pt")[:A]
         step_oh = mul(insn.sh, row_stride, "dec_soh")[:A]
         step_kh = mul(insn.dh, row_stride, "dec_skh")[:A]

@@ -43,14 +43,12 @@ from amaranth.lib.fifo import SyncFIFO
 from .config import AcceleratorConfig
 from .dma import RegFIFO
 from .pe import dreg
+from .spec import ERR_ILLEGAL_INSN, FETCH_CHUNK, QUEUE_DEPTH, TOKEN_BITS
 from .isa import (INSN_BITS, OP_LOAD, OP_COMPUTE, OP_STORE, TARGET_INSN, dma_insn_layout,
                   compute_insn_layout, insn_layout)
 
 __all__ = ["Controller", "ERR_ILLEGAL_INSN", "FETCH_CHUNK", "QUEUE_DEPTH"]
 
-ERR_ILLEGAL_INSN = 3
-FETCH_CHUNK = 8
-QUEUE_DEPTH = 8
 _CHUNK_LOG2 = FETCH_CHUNK.bit_length() - 1
 assert FETCH_CHUNK == 1 << _CHUNK_LOG2
 
@@ -67,7 +65,7 @@ class _TokenCounter:
     """
 
     def __init__(self, m, name):
-        self.count = Signal(8, name=f"tok_{name}")
+        self.count = Signal(TOKEN_BITS, name=f"tok_{name}")
         self.inc = Signal(name=f"tok_{name}_inc")
         self.dec = Signal(name=f"tok_{name}_dec")
         self.available = Signal(name=f"tok_{name}_avail")

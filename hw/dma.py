@@ -65,18 +65,16 @@ from amaranth.lib.memory import Memory
 
 from .axi import axi4_signature, BURST_INCR
 from .config import AcceleratorConfig
-from .regmap import ERR_AXI_READ, ERR_AXI_WRITE, ERR_OUT_WINDOW
-from .scratchpad import SP_READ_LATENCY
+from .spec import (ERR_AXI_READ, ERR_AXI_WRITE, ERR_OUT_WINDOW, SP_READ_LATENCY, TARGET_ACT, TARGET_WGT,
+                   TARGET_INSN, TARGET_AUX, TARGET_OUT)
 from .pe import dreg
 from ..errors import ConfigError
 
 __all__ = ["DMA", "desc_layout", "Descriptor", "TARGET_ACT", "TARGET_WGT", "TARGET_INSN",
            "TARGET_AUX", "TARGET_OUT"]
 
-#: ``target`` of read descriptors (destination scratchpad).
-TARGET_ACT, TARGET_WGT, TARGET_INSN, TARGET_AUX = 0, 1, 2, 3
-#: ``target`` of write descriptors (source buffer).
-TARGET_OUT = 0
+# ``target`` of read descriptors (destination scratchpad) and of write descriptors
+# (source buffer, TARGET_OUT): hw/spec.py
 
 _BOUNDARY = 4096        # AXI: a burst never crosses a 4 KiB boundary
 

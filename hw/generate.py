@@ -122,7 +122,7 @@ def generate(cfg: AcceleratorConfig, outdir, top="array", extra=None):
     if hasattr(component, "manifest_extra"):
         manifest.update(component.manifest_extra())
     elif top == "array":
-        from .systolic import latency, min_tile_rows
+        from .spec import array_latency as latency, min_tile_rows
         manifest["array"] = {"latency": latency(cfg.rows, cfg.cols),
                              "min_tile_rows": min_tile_rows(cfg.rows, cfg.cols),
                              "tag_bits": component.tag_bits}

@@ -1,69 +1,16 @@
-"""The accelerator's instruction set: one field list, used by hardware and software.
-
-Every instruction is 256 bits (32 bytes, little-endian in DRAM). Bits [2:0] hold the
-opcode, bits [6:3] the dependency-token flags (the VTA scheme), the rest depends on the
-opcode. Three engines run decoupled, each from its own queue:
-
-=========  =========================================================================
-LOAD       DMA read: DRAM -> scratchpad (activations, weights, aux = bias/requant)
-COMPUTE    stream a conv/GEMM tile through the array, accumulate, requantize, write
-           int8 results into the output scratchpad
-STORE      DMA write: output scratchpad -> DRAM
-=========  =========================================================================
-
-Tokens (counting semaphores between neighbouring engines): LOAD <-> COMPUTE <-> STORE.
-``pop_prev``/``pop_next`` wait for (and consume) a token from the previous/next engine in
-the chain, ``push_prev``/``push_next`` give one when the instruction has completed. LOAD has
-only a next (COMPUTE), STORE only a previous (COMPUTE). Opcode 0 and 4..7 are illegal
-(so zeroed memory stops the machine with an error instead of doing something).
-
-Descriptor fields (LOAD/STORE) follow :class:`dnnfab.hw.dma` (3-D strided, dense on the
-scratchpad side). COMPUTE fields describe an implicit-im2col convolution tile, see
-:class:`ComputeFields` and ``docs/accelerator.md``.
-"""
-
-from dataclasses import dataclass, fields as dc_fields
+"""The Amaranth layouts of the instruction set. The fields, opcodes and targets are the
+pure-Python facts of :mod:`dnnfab.hw.spec` (re-exported here for the HDL modules); this
+module only turns their field lists into :class:`amaranth.lib.data.StructLayout`\\ s."""
 
 from amaranth.hdl import unsigned
 from amaranth.lib import data
 
-__all__ = ["INSN_BITS", "OP_LOAD", "OP_COMPUTE", "OP_STORE", "OPCODES",
+from .spec import (INSN_BITS, INSN_BYTES, OP_LOAD, OP_COMPUTE, OP_STORE, OPCODES, HEADER,
+                   DMA_FIELDS, COMPUTE_FIELDS, TARGET_ACT, TARGET_WGT, TARGET_INSN, TARGET_AUX)
+
+__all__ = ["INSN_BITS", "INSN_BYTES", "OP_LOAD", "OP_COMPUTE", "OP_STORE", "OPCODES",
            "HEADER", "DMA_FIELDS", "COMPUTE_FIELDS", "insn_layout", "dma_insn_layout",
-           "compute_insn_layout", "encode", "decode", "Load", "Store", "Compute",
-           "TARGET_ACT", "TARGET_WGT", "TARGET_INSN", "TARGET_AUX"]
-
-INSN_BITS = 256
-INSN_BYTES = INSN_BITS // 8
-
-OP_LOAD, OP_COMPUTE, OP_STORE = 1, 2, 3
-OPCODES = {"LOAD": OP_LOAD, "COMPUTE": OP_COMPUTE, "STORE": OP_STORE}
-
-TARGET_ACT, TARGET_WGT, TARGET_INSN, TARGET_AUX = 0, 1, 2, 3
-
-HEADER = [("opcode", 3), ("pop_prev", 1), ("pop_next", 1), ("push_prev", 1), ("push_next", 1)]
-
-DMA_FIELDS = [
-    ("addr", 32), ("len0", 16), ("n1", 16), ("stride1", 32), ("n2", 16), ("stride2", 32),
-    ("sp_addr", 16), ("target", 2),
-]
-
-COMPUTE_FIELDS = [
-    ("acc_init", 1),      # 1: the first K tile starts from the bias; 0: add to the accumulator
-    ("finalize", 1),      # 1: the last K tile requantizes and writes int8 outputs
-    ("a_base", 16),       # activation scratchpad element (R int8) of input pixel (0, 0), block 0
-    ("w_base", 16),       # weight scratchpad element (C int8) of this job's first weight row
-    ("acc_base", 16),     # accumulator row of output pixel 0
-    ("aux_addr", 16),     # aux scratchpad element with bias/m/n of the C output channels
-    ("out_base", 16),     # output scratchpad element (C int8) of output pixel 0
-    ("out_stride", 8),    # output elements between consecutive output pixels
-    ("oh_n", 12), ("ow_n", 12),             # output tile height/width (pixels)
-    ("kh_n", 4), ("kw_n", 4), ("cb_n", 10),  # kernel height/width, input-channel blocks of R
-    ("hin", 12), ("win", 12),               # input tile height/width in the scratchpad
-    ("cbp", 10),          # R-blocks per input pixel in the activation scratchpad layout
-    ("sh", 3), ("sw", 3), ("dh", 3), ("dw", 3),
-    ("pt", 4), ("pl", 4),  # top/left padding (bottom/right follow from hin/win)
-    ("zx", 8), ("zy", 8), ("lo", 8), ("hi", 8),
-]
+           "compute_insn_layout", "TARGET_ACT", "TARGET_WGT", "TARGET_INSN", "TARGET_AUX"]
 
 
 def _layout(fields_):
@@ -88,129 +35,3 @@ def compute_insn_layout():
 
 def insn_layout():
     return _layout(HEADER)
-
-
-def _pack(fields_, values):
-    word, pos = 0, 0
-    for name, width in fields_:
-        v = int(values.get(name, 0))
-        if name in ("zx", "zy", "lo", "hi") and v < 0:
-            v &= 0xFF
-        if v < 0 or v >= (1 << width):
-            raise ValueError(f"instruction field {name}={values.get(name)} does not fit in {width} bits")
-        word |= v << pos
-        pos += width
-    return word
-
-
-def _unpack(fields_, word):
-    out, pos = {}, 0
-    for name, width in fields_:
-        out[name] = (word >> pos) & ((1 << width) - 1)
-        pos += width
-    return out
-
-
-@dataclass
-class _Insn:
-    pop_prev: int = 0
-    pop_next: int = 0
-    push_prev: int = 0
-    push_next: int = 0
-
-    def encode(self) -> int:
-        vals = {f.name: getattr(self, f.name) for f in dc_fields(self)}
-        vals["opcode"] = self.OPCODE
-        return _pack(HEADER + self.FIELDS, vals)
-
-    def to_bytes(self) -> bytes:
-        return self.encode().to_bytes(INSN_BYTES, "little")
-
-
-@dataclass
-class _DmaInsn(_Insn):
-    """A 3-D strided DMA descriptor: ``n2`` planes of ``n1`` rows of ``len0`` bus beats."""
-    addr: int = 0
-    len0: int = 1
-    n1: int = 1
-    stride1: int = 0
-    n2: int = 1
-    stride2: int = 0
-    sp_addr: int = 0
-    target: int = 0
-    FIELDS = DMA_FIELDS
-
-    @property
-    def beats(self):
-        return self.len0 * self.n1 * self.n2
-
-
-@dataclass
-class Load(_DmaInsn):
-    """DRAM -> scratchpad ``target`` (TARGET_ACT/WGT/AUX), 3-D strided source."""
-    OPCODE = OP_LOAD
-
-
-@dataclass
-class Store(_DmaInsn):
-    """Output scratchpad -> DRAM, 3-D strided destination."""
-    OPCODE = OP_STORE
-
-
-@dataclass
-class Compute(_Insn):
-    """One convolution tile: all K tiles of C output channels over oh_n x ow_n pixels."""
-    acc_init: int = 1
-    finalize: int = 1
-    a_base: int = 0
-    w_base: int = 0
-    acc_base: int = 0
-    aux_addr: int = 0
-    out_base: int = 0
-    out_stride: int = 1
-    oh_n: int = 1
-    ow_n: int = 1
-    kh_n: int = 1
-    kw_n: int = 1
-    cb_n: int = 1
-    hin: int = 1
-    win: int = 1
-    cbp: int = 1
-    sh: int = 1
-    sw: int = 1
-    dh: int = 1
-    dw: int = 1
-    pt: int = 0
-    pl: int = 0
-    zx: int = 0
-    zy: int = 0
-    lo: int = -128
-    hi: int = 127
-    OPCODE = OP_COMPUTE
-    FIELDS = COMPUTE_FIELDS
-
-    @property
-    def k_tiles(self):
-        return self.kh_n * self.kw_n * self.cb_n
-
-    @property
-    def pixels(self):
-        return self.oh_n * self.ow_n
-
-
-def encode(insn) -> int:
-    return insn.encode()
-
-
-def decode(word: int):
-    """Instruction object from its 256-bit encoding (raises ValueError if illegal)."""
-    op = word & 7
-    cls = {OP_LOAD: Load, OP_COMPUTE: Compute, OP_STORE: Store}.get(op)
-    if cls is None:
-        raise ValueError(f"illegal opcode {op}")
-    vals = _unpack(HEADER + cls.FIELDS, word)
-    vals.pop("opcode")
-    for k in ("zx", "zy", "lo", "hi"):
-        if k in vals and vals[k] >= 128:
-            vals[k] -= 256
-    return cls(**vals)

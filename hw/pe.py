@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 __all__ = ["ProcessingElement", "registered_mul", "mult18x18d", "MUL_LATENCY", "dreg"]
 
 #: Cycles from the operands of :func:`registered_mul` to its product.
-MUL_LATENCY = 2
+from .spec import MUL_LATENCY
 
 
 def dreg(shape=1, name=None):

@@ -27,10 +27,11 @@ from amaranth.lib.wiring import In, Out
 
 from .pe import registered_mul, MUL_LATENCY, dreg
 from .scratchpad import dup_reg
+from .spec import RQ_LATENCY
 
 __all__ = ["Requantizer", "LATENCY", "requantize_ref"]
 
-LATENCY = 10
+LATENCY = RQ_LATENCY   # hw/spec.py
 
 
 def requantize_ref(acc, m, n, zy, lo, hi):

@@ -38,26 +38,9 @@ __all__ = ["accelerator_regmap", "ERR_NONE", "ERR_AXI_READ", "ERR_AXI_WRITE", "E
            "ERR_SP_RANGE", "ERR_OUT_WINDOW", "ERR_PROG_FETCH", "ERROR_CODES", "COUNTERS",
            "ID_MAGIC", "REGMAP_VERSION"]
 
-# -- error codes (STATUS.ERROR_CODE, DMA.error_code) -------------------------------------
-ERR_NONE = 0
-#: An AXI read response (DMA load) was SLVERR or DECERR.
-ERR_AXI_READ = 1
-#: An AXI write response (DMA store) was SLVERR or DECERR.
-ERR_AXI_WRITE = 2
-#: The controller decoded an instruction it does not know.
-ERR_ILLEGAL_INSN = 3
-#: An instruction addressed a scratchpad row out of range.
-ERR_SP_RANGE = 4
-#: A DMA store touched a byte outside [OUT_LO, OUT_HI); it was not issued.
-ERR_OUT_WINDOW = 5
-#: Fetching the instruction stream failed (AXI read error on the program).
-ERR_PROG_FETCH = 6
-
-ERROR_CODES = {
-    "NONE": ERR_NONE, "AXI_READ": ERR_AXI_READ, "AXI_WRITE": ERR_AXI_WRITE,
-    "ILLEGAL_INSN": ERR_ILLEGAL_INSN, "SP_RANGE": ERR_SP_RANGE, "OUT_WINDOW": ERR_OUT_WINDOW,
-    "PROG_FETCH": ERR_PROG_FETCH,
-}
+# -- error codes (STATUS.ERROR_CODE, DMA.error_code): ErrorCode in hw/spec.py ----------
+from .spec import (ERR_NONE, ERR_AXI_READ, ERR_AXI_WRITE, ERR_ILLEGAL_INSN, ERR_SP_RANGE,  # noqa: E402
+                   ERR_OUT_WINDOW, ERR_PROG_FETCH, ERROR_CODES)
 
 ID_MAGIC = 0x444E4E46          # "DNNF"
 REGMAP_VERSION = (0, 1, 0)     # major, minor, patch

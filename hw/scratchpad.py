@@ -20,6 +20,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 from .pe import dreg
+from .spec import SP_READ_LATENCY, RAM_READ_LATENCY
 
 __all__ = ["Scratchpad", "SP_READ_LATENCY", "RegisteredRAM", "RAM_READ_LATENCY", "dp16kd_blocks"]
 
@@ -30,7 +31,6 @@ def _log2(x):
 
 
 #: Read latency of :class:`Scratchpad`: ``r_en`` -> ``r_data``.
-SP_READ_LATENCY = 5
 
 
 class Scratchpad(wiring.Component):
@@ -144,7 +144,6 @@ class Scratchpad(wiring.Component):
 
 
 #: Read latency of :class:`RegisteredRAM`: address (with ``r_en``) -> ``r_data``.
-RAM_READ_LATENCY = 2
 
 
 class RegisteredRAM(wiring.Component):

@@ -9,7 +9,7 @@ on the way out, so the streams are plain row vectors.
 Weights are double-buffered inside the PEs: the ``wgt`` stream loads the next tile (R beats,
 row 0 first) into shadow registers while the current tile streams; the ``act`` beat
 flagged ``first`` switches every PE to the new tile as it reaches it. Tiles therefore follow
-each other without bubbles whenever a tile is at least :meth:`SystolicArray.min_tile_rows`
+each other without bubbles whenever a tile is at least :func:`dnnfab.hw.spec.min_tile_rows`
 rows long (otherwise the weight preload sets the pace).
 
 Timing (exact; asserted against RTL in the tests):
@@ -30,8 +30,9 @@ from amaranth.lib.wiring import In, Out
 
 from .config import AcceleratorConfig
 from .pe import ProcessingElement, dreg
+from .spec import array_latency, min_tile_rows
 
-__all__ = ["SystolicArray", "act_layout", "out_layout", "latency", "stream_cycles"]
+__all__ = ["SystolicArray", "act_layout", "out_layout", "stream_cycles"]
 
 
 def act_layout(cfg: AcceleratorConfig, tag_bits=0):
@@ -64,14 +65,6 @@ def psum_bits(cfg: AcceleratorConfig, n):
     return min(bits, cfg.acc_bits)
 
 
-def latency(rows, cols):
-    """Cycles from an ``act`` transfer to the matching ``out`` beat (no stalls)."""
-    return rows + cols + 3
-
-
-def min_tile_rows(rows, cols):
-    """Shortest tile (in act beats) that streams back to back without a bubble."""
-    return 2 * rows + cols + 1
 
 
 def stream_cycles(rows, cols, tiles):
@@ -87,7 +80,7 @@ def stream_cycles(rows, cols, tiles):
     start = rows                      # the first tile's preload takes R cycles
     for npx in tiles[:-1]:
         start += max(npx, min_tile_rows(rows, cols))
-    return start + tiles[-1] + latency(rows, cols)
+    return start + tiles[-1] + array_latency(rows, cols)
 
 
 class SystolicArray(wiring.Component):
@@ -127,7 +120,7 @@ class SystolicArray(wiring.Component):
 
     @property
     def latency(self):
-        return latency(self.config.rows, self.config.cols)
+        return array_latency(self.config.rows, self.config.cols)
 
     def elaborate(self, platform):
         cfg = self.config

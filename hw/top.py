@@ -61,8 +61,8 @@ class Accelerator(wiring.Component):
         })
 
     def manifest_extra(self):
-        from . import isa
-        from .systolic import latency, min_tile_rows
+        from . import spec as isa
+        from .spec import array_latency as latency, min_tile_rows
         cfg = self.config
         return {
             "regmap": self.regmap.to_dict(),

@@ -56,7 +56,7 @@ def _cpu_flags():
 def engines(w, threads):
     from onnx import TensorProto, helper, numpy_helper
 
-    from dnnfab.sw import reference as R
+    from dnnfab.sw.cpu import reference as R
 
     k, n = w.shape
     prep = R.PreparedGemm(w)
@@ -140,8 +140,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import onnxruntime as ort
 
-    from dnnfab.sw import reference as R
-    threads = R._threads()
+    from dnnfab.sw.cpu import reference as R
+    from dnnfab.sw.cpu.options import Options
+    threads = Options.from_env().threads
     flags = _cpu_flags()
     info = {"machine": platform.machine(), "cores": os.cpu_count(), "threads": threads,
             "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,

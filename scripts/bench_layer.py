@@ -41,9 +41,9 @@ def main(argv=None):
     from dnnfab.hw.config import AcceleratorConfig
     from dnnfab.cosim.designs import generated
     from dnnfab.cosim import runner
-    from dnnfab.sw.layer import random_layer
-    from dnnfab.sw.program import compile_layer
-    from dnnfab.sw.fastmodel import estimate_cycles
+    from dnnfab.sw.compiler.layer import random_layer
+    from dnnfab.sw.compiler.program import compile_layer
+    from dnnfab.sw.compiler.fastmodel import estimate_cycles
     from dnnfab.cosim.fuzz import scalesim_ws_cycles
     import numpy as np
 

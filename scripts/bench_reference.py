@@ -38,7 +38,6 @@ def main(argv=None):
     ap.add_argument("--no-plan", action="store_true",
                     help="time the plain layer-by-layer executor instead of the FastPlan")
     args = ap.parse_args(argv)
-    os.environ["DNNFAB_THREADS"] = str(args.threads)
 
     import numpy as np
     import onnxruntime as ort
@@ -47,10 +46,9 @@ def main(argv=None):
                                     "tests", "sw"))
     import models_helper as mh
     import dnnfab
-    from dnnfab.sw import reference
+    from dnnfab.sw.cpu.options import Options
 
-    reference.set_engine(args.engine)
-    reference.set_fast_plan(not args.no_plan)
+    opts = Options(threads=args.threads, gemm_engine=args.engine, fast_plan=not args.no_plan)
     names = [n for n in args.models.split(",") if n] or mh.LIGHT_MODELS
     results = []
     for name in names:
@@ -81,7 +79,7 @@ def main(argv=None):
             sess2.run(None, feed)
 
         def t_ref():
-            q.run_int(feed)
+            q.run_int(feed, options=opts)
 
         # round-robin: every repetition times all three back to back, so machine-load
         # swings (the box is shared) hit reference and onnxruntime alike; the ratio is the

@@ -206,7 +206,7 @@ def test_run_random_data_says_so(tmp_path, capsys):
 def test_run_calibrates_on_the_given_data(form, tmp_path):
     """The quantization ``run`` uses is the one of the given samples: its output codes
     equal those of ``dnnfab.quantize`` on the same data."""
-    from dnnfab.sw.runcli import main_job
+    from dnnfab.sw.runtime.runcli import main_job
     m = _conv_model(tmp_path / "m.onnx")
     xs = 3.0 * np.random.default_rng(2).standard_normal((6, 8, 6, 6)).astype(np.float32)
     if form == "npy":

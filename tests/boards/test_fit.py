@@ -82,9 +82,9 @@ def test_autosize_keeps_fixed_dimension_and_explicit_buffers():
 
 
 def test_autosize_via_config_args(capsys):
-    from dnnfab.hw.cli import config_from_args
+    from dnnfab.gencli import config_from_args
     import argparse
-    from dnnfab.hw.cli import add_config_args
+    from dnnfab.gencli import add_config_args
     p = argparse.ArgumentParser()
     add_config_args(p)
     args = p.parse_args(["--board", "ulx3s-85f", "--rows", "auto", "--cols", "auto"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dnnfab.hw.config import AcceleratorConfig
+from presets import CFG_SMALL
 from dnnfab.hw.generate import verilog_text, SynthHints
 from dnnfab.hw.top import Accelerator
 from dnnfab.cosim import runner
@@ -18,7 +18,7 @@ MULT_MODEL = Path(runner.__file__).parent / "models" / "mult18x18d.v"
 BRAM_MODEL = Path(__file__).parent / "models" / "dp16kd.v"
 FF_MODEL = Path(__file__).parent / "models" / "trellis_ff.v"
 
-CFG = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8, out_kib=4, aux_kib=1)
+CFG = CFG_SMALL
 LAYERS = [
     dict(cin=3, cout=10, k=3, stride=1, pad=1, hw=[6, 5], seed=1),
     dict(cin=5, cout=7, k=5, stride=1, pad=2, hw=[7, 6], seed=3),

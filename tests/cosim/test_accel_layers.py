@@ -7,18 +7,18 @@ import json
 import pytest
 
 from dnnfab.hw.config import AcceleratorConfig
+from presets import CFG_SMALL
 from dnnfab.cosim.designs import generated
 from dnnfab.cosim import runner
-from dnnfab.sw.layer import random_layer
-from dnnfab.sw.program import compile_layer
-from dnnfab.sw.fastmodel import estimate_cycles
+from dnnfab.sw.compiler.layer import random_layer
+from dnnfab.sw.compiler.program import compile_layer
+from dnnfab.sw.compiler.fastmodel import estimate_cycles
 
 SIMS = [pytest.param(s, marks=pytest.mark.skipif(not runner.available(s), reason=f"{s} not installed"))
         for s in runner.SIMULATORS]
 VERILATOR = pytest.param("verilator", marks=pytest.mark.skipif(not runner.available("verilator"),
                                                                 reason="verilator not installed"))
 
-CFG_SMALL = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8, out_kib=4, aux_kib=1)
 CFG_8 = AcceleratorConfig(rows=8, cols=8, bus_bits=128, act_kib=16, wgt_kib=16, acc_kib=16, out_kib=8, aux_kib=1)
 
 # cin, cout, k, stride, pad, hw: 1x1, 3x3 padded, 5x5, 7x7 stride 2, C_in=3, C_out=10,

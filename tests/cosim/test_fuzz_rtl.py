@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from dnnfab.hw.config import AcceleratorConfig
+from presets import CFG_8, CFG_SMALL
 from dnnfab.cosim import runner
 from dnnfab.cosim.fuzz import (BENCH_LAYER, KINDS, draw_cases, estimate, fuzz, layer_from_spec,
                                scalesim_ws_cycles, with_limit)
@@ -16,8 +16,7 @@ from dnnfab.cosim.fuzz import (BENCH_LAYER, KINDS, draw_cases, estimate, fuzz, l
 pytestmark = [pytest.mark.cosim,
               pytest.mark.skipif(not runner.available("verilator"), reason="verilator not installed")]
 
-CFG_DEFAULT = AcceleratorConfig(rows=8, cols=8)      # 64 KiB scratchpads, 128-bit bus
-CFG_SMALL = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8, out_kib=4, aux_kib=1)
+CFG_DEFAULT = CFG_8      # 64 KiB scratchpads, 128-bit bus
 
 
 def _report(out):

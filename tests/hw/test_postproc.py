@@ -3,7 +3,8 @@
 import numpy as np
 from amaranth.sim import Simulator
 
-from dnnfab.hw.postproc import Requantizer, requantize_ref, LATENCY
+from dnnfab.hw.postproc import Requantizer, requantize_ref
+from dnnfab.hw.spec import RQ_LATENCY as LATENCY
 
 
 def test_requantizer_matches_reference():

@@ -431,7 +431,8 @@ def check_scratchpad(w_unit, r_unit, rows=8, cls=None, seed=0):
     few cycles of a write to it. The read requests go through every sequence of five
     (none, in range, out of range) reads (a de Bruijn sequence): the lane select follows
     a read through the RAM's registers, so its state is a function of the last five."""
-    from dnnfab.hw.scratchpad import Scratchpad, SP_READ_LATENCY
+    from dnnfab.hw.scratchpad import Scratchpad
+    from dnnfab.hw.spec import SP_READ_LATENCY
     cls = cls or Scratchpad
     row_bits = max(w_unit, r_unit)
     sp = cls(rows * row_bits // 8, w_unit, r_unit)

@@ -44,8 +44,9 @@ from amaranth.lib import data
 
 from dnnfab.hw.compute import ComputeEngine
 from dnnfab.hw.config import AcceleratorConfig
-from dnnfab.hw.isa import Compute
-from dnnfab.hw.systolic import SystolicArray, latency
+from dnnfab.hw.spec import Compute
+from dnnfab.hw.systolic import SystolicArray
+from dnnfab.hw.spec import array_latency as latency
 
 
 import retimed_lib as lib  # noqa: E402 - on sys.path through tests/hw/conftest.py

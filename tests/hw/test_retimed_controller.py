@@ -35,7 +35,7 @@ import pytest
 from dnnfab.hw import controller as ctl
 from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.hw.dma import desc_layout
-from dnnfab.hw.isa import Load, Store, Compute, TARGET_INSN, INSN_BITS, INSN_BYTES
+from dnnfab.hw.spec import Load, Store, Compute, TARGET_INSN, INSN_BITS, INSN_BYTES
 
 
 import retimed_lib as lib  # noqa: E402 - on sys.path through tests/hw/conftest.py

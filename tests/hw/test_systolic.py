@@ -6,7 +6,8 @@ from amaranth.sim import Simulator
 
 from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.hw.pe import ProcessingElement
-from dnnfab.hw.systolic import SystolicArray, stream_cycles, latency
+from dnnfab.hw.systolic import SystolicArray, stream_cycles
+from dnnfab.hw.spec import array_latency as latency
 
 
 def test_pe_mac_and_weight_swap():

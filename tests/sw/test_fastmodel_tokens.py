@@ -16,18 +16,16 @@ from amaranth.sim import Simulator
 from hypothesis import given, settings, strategies as st, HealthCheck
 
 from dnnfab.errors import FabricError, FabricDeadlock
-from dnnfab.hw.config import AcceleratorConfig
+from presets import CFG_8, CFG_SMALL
 from dnnfab.hw.controller import Controller
 from dnnfab.hw.dma import desc_layout
-from dnnfab.hw.isa import Load, Store, Compute, INSN_BITS, INSN_BYTES, TARGET_INSN
-from dnnfab.sw.layer import random_layer
-from dnnfab.sw.program import compile_layer, UnsupportedLayerError
-from dnnfab.sw.fastmodel import (FastModel, estimate_cycles, check_tokens, TokenMachine,
-                                 QUEUE_CAPACITY, TOKEN_MAX, CHANNELS, ENGINES)
+from dnnfab.hw.spec import Load, Store, Compute, INSN_BITS, INSN_BYTES, TARGET_INSN
+from dnnfab.sw.compiler.layer import random_layer
+from dnnfab.sw.compiler.program import compile_layer, UnsupportedLayerError
+from dnnfab.sw.compiler.fastmodel import (estimate_cycles, check_tokens, TokenMachine,
+                                          QUEUE_CAPACITY, TOKEN_MAX, CHANNELS, ENGINES)
+from dnnfab.sw.driver.fastmodel import FastModel
 
-CFG_8 = AcceleratorConfig(rows=8, cols=8)
-CFG_SMALL = AcceleratorConfig(rows=4, cols=4, bus_bits=64, act_kib=8, wgt_kib=8, acc_kib=8,
-                              out_kib=4, aux_kib=1)
 
 # the flags each engine's RTL reads: (flag, channel)
 POPS = {Load: [("pop_next", "c2l")], Compute: [("pop_prev", "l2c"), ("pop_next", "s2c")],
@@ -53,9 +51,10 @@ def _one_line(exc):
 def test_capacity_and_width_are_the_rtls():
     """9 = the RegFIFO's 8 entries + the head register; counters are 8 bits wide."""
     from amaranth.hdl import Module, Fragment
-    from dnnfab.hw.controller import QUEUE_DEPTH, _TokenCounter
+    from dnnfab.hw.controller import _TokenCounter
+    from dnnfab.hw.spec import QUEUE_DEPTH
     from dnnfab.hw.dma import RegFIFO
-    from dnnfab.hw.isa import INSN_BITS
+    from dnnfab.hw.spec import INSN_BITS
 
     assert QUEUE_DEPTH == 8 and QUEUE_CAPACITY == QUEUE_DEPTH + 1 == 9
     m = Module()

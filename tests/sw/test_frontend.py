@@ -17,7 +17,7 @@ import onnx
 import pytest
 
 import dnnfab
-from dnnfab.sw.ir import Graph
+from dnnfab.sw.ir.graph import Graph
 
 from . import models_helper as mh
 

@@ -1,4 +1,4 @@
-"""The fused numba kernels (dnnfab.sw.kernels) equal the literal contract and the slow
+"""The fused numba kernels (dnnfab.sw.cpu.kernels) equal the literal contract and the slow
 loop implementations exactly, through the same plumbing FastPlan uses.
 
 * RequantK (requant_rows): random m in [2^14, 2^15), n in [1, 44], accumulators and biases
@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dnnfab.sw import kernels as K
-from dnnfab.sw import reference as R
-from dnnfab.sw.quantize import QAvgPool, QConv, QEltwise, requantize
+from dnnfab.sw.cpu import kernels as K
+from dnnfab.sw.cpu import reference as R
+from dnnfab.sw.ref import golden as G
+from dnnfab.sw.ir.qgraph import QAvgPool, QConv, QEltwise, requantize
 
 from .test_reference_props import SETTINGS, _clamp, _int8, _requant_params, _weights
 
@@ -94,7 +95,7 @@ def test_requant_add_kernel_equals_requantize_then_add(seed, first, permute):
         yp = np.empty_like(y)
         yp[:, dst] = y
         y = yp
-    want = R.qeltwise_int_slow([y, other] if first else [other, y], add)
+    want = G.qeltwise_int_slow([y, other] if first else [other, y], add)
     got = R.RequantK(m, n, zy, lo, hi, bias, dst).add(acc, other, add, first)
     np.testing.assert_array_equal(got, want)
 
@@ -129,7 +130,7 @@ def dw_case(draw):
 @given(case=dw_case())
 def test_dwconv_kernel_equals_slow(case):
     x, L = case
-    want = R.qconv_int_slow(x, L)
+    want = G.qconv_int_slow(x, L)
     step = R.FastPlan._dw_step(L, want.shape)
     env = R.Env(None)
     env.put("x", x, "cl")
@@ -153,7 +154,7 @@ class _Shapes:
 @given(seed=st.integers(0, 2**32 - 1), include_pad=st.booleans(), ceil=st.booleans(),
        is_global=st.booleans())
 def test_avgpool_kernel_equals_slow(seed, include_pad, ceil, is_global):
-    from dnnfab.sw.ir import pool_counts
+    from dnnfab.sw.ir.graph import pool_counts
     rng = np.random.default_rng(seed)
     h, w, c = int(rng.integers(1, 9)), int(rng.integers(1, 9)), int(rng.integers(1, 6))
     if is_global:
@@ -174,7 +175,7 @@ def test_avgpool_kernel_equals_slow(seed, include_pad, ceil, is_global):
     L = QAvgPool("p", "x", "y", k, s, pads, (1, 1), extra, int(include_pad), cnt, m, n,
                  zx, zy, lo, hi, is_global=is_global)
     x = _int8(rng, (1, h, w, c))
-    want = R.qavgpool_int_slow(x, L)
+    want = G.qavgpool_int_slow(x, L)
     plan = object.__new__(R.FastPlan)
     plan.qg = _Shapes(x=(1, c, h, w))
     step = plan._avgpool_step(L)

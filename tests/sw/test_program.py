@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from dnnfab.hw.config import AcceleratorConfig
-from dnnfab.sw.layer import random_layer, ConvLayer
-from dnnfab.sw.program import compile_layer, UnsupportedLayerError
-from dnnfab.sw.fastmodel import FastModel, estimate_cycles
+from dnnfab.sw.compiler.layer import random_layer, ConvLayer
+from dnnfab.sw.compiler.program import compile_layer, UnsupportedLayerError
+from dnnfab.sw.compiler.fastmodel import estimate_cycles
+from dnnfab.sw.driver.fastmodel import FastModel
 
 SHAPES = [
     # cin, cout, k, stride, pad, hw, dilation

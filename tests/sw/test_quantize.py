@@ -22,11 +22,12 @@ import pytest
 
 import dnnfab
 from dnnfab.errors import InputError, ModelError
-from dnnfab.sw import reference
-from dnnfab.sw.export import export_qdq
-from dnnfab.sw.quantize import (QAvgPool, QConv, QEltwise, QGemm, QLut, quantize_multiplier,
-                                requantize)
-from dnnfab.sw.reference import Env, run_layer
+from dnnfab.sw.cpu import reference
+from dnnfab.sw.cpu.options import Options
+from dnnfab.sw.frontend.export import export_qdq
+from dnnfab.sw.ir.qgraph import (QAvgPool, QConv, QEltwise, QGemm, QLut, quantize_multiplier,
+                                 requantize)
+from dnnfab.sw.cpu.reference import Env, run_layer
 
 from . import models_helper as mh
 
@@ -273,15 +274,10 @@ def _ort_sessions_used(q):
 def test_ort_engine_bit_identical_to_numpy_engine(name):
     g, q = _quantized(mh.randomized(name), n_cal=1)
     feed = mh.input_feed(g)
-    old = reference.set_engine("numpy")
-    try:
-        a = q.run_int(feed)
-        assert _ort_sessions_used(q) == 0
-        reference.set_engine("ort")
-        b = q.run_int(feed)
-        assert _ort_sessions_used(q) > 0, "the ort engine was not used"
-    finally:
-        reference.set_engine(old)
+    a = q.run_int(feed, options=Options(gemm_engine="numpy"))
+    assert _ort_sessions_used(q) == 0
+    b = q.run_int(feed, options=Options(gemm_engine="ort"))
+    assert _ort_sessions_used(q) > 0, "the ort engine was not used"
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
 
@@ -312,19 +308,16 @@ def test_gemm_engines_exact_on_extremes(m, k, n):
     a, w = _extreme_gemm(rng, m, k, n)
     exact = a.astype(np.int64) @ w.astype(np.int64)
     prep = reference.PreparedGemm(w)
-    old = reference.set_engine("numpy")
-    try:
-        assert not prep.use_ort(m)
-        np.testing.assert_array_equal(np.asarray(reference.int_matmul(a, prep), np.int64), exact)
-        reference.set_engine("ort")
-        assert prep.use_ort(m) == (k <= reference.ORT_MAX_K)
-        np.testing.assert_array_equal(np.asarray(reference.int_matmul(a, prep), np.int64), exact)
-        reference.set_engine("auto")
-        assert prep.use_ort(m) == (k <= reference.ORT_MAX_K and
-                                   m * k * n >= reference.ORT_MIN_MACS)
-        np.testing.assert_array_equal(np.asarray(reference.int_matmul(a, prep), np.int64), exact)
-    finally:
-        reference.set_engine(old)
+    opts = Options(gemm_engine="numpy")
+    assert not prep.use_ort(m, opts.gemm_engine)
+    np.testing.assert_array_equal(np.asarray(reference.int_matmul(a, prep, opts), np.int64), exact)
+    opts = Options(gemm_engine="ort")
+    assert prep.use_ort(m, opts.gemm_engine) == (k <= reference.ORT_MAX_K)
+    np.testing.assert_array_equal(np.asarray(reference.int_matmul(a, prep, opts), np.int64), exact)
+    opts = Options(gemm_engine="auto")
+    assert prep.use_ort(m, opts.gemm_engine) == (k <= reference.ORT_MAX_K and
+                                                 m * k * n >= reference.ORT_MIN_MACS)
+    np.testing.assert_array_equal(np.asarray(reference.int_matmul(a, prep, opts), np.int64), exact)
     if k <= reference.ORT_MAX_K:  # the session itself, both thread settings
         a_u8 = a.view(np.uint8) ^ np.uint8(0x80)
         for threads in (1, 2):

@@ -5,7 +5,7 @@ layer-by-layer reference and to the literal contract formula.
 * every tensor the plan produces equals the layer-by-layer executor's, on randomized
   ShuffleNet and SqueezeNet (fused channel shuffles, onnxruntime float depthwise/first
   convs, table add/concat) with both GEMM engines, and on all hand-built op models;
-* Requant32 equals ``quantize.requantize`` on random parameters (n in [1, 44], narrow
+* Requant32 equals ``ir.qgraph.requantize`` on random parameters (n in [1, 44], narrow
   and single-value clamps, biases near the int32 limits, int32 and float32 accumulators).
 """
 
@@ -15,13 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dnnfab
-from dnnfab.sw import reference as R
-from dnnfab.sw.quantize import requantize
+from dnnfab.sw.cpu import reference as R
+from dnnfab.sw.cpu.options import Options
+from dnnfab.sw.ir.qgraph import requantize
 
 from . import models_helper as mh
 
 
-def _tensors_both_ways(q, feed):
+def _tensors_both_ways(q, feed, opts):
     """({name: logical int8} from the layer-by-layer executor, same from the FastPlan)."""
     fq = q.quantize_inputs(feed)
     slow = R.Env(q)
@@ -30,19 +31,20 @@ def _tensors_both_ways(q, feed):
         slow.put(t.name, fq[t.name], "lg")
         fast.put(t.name, fq[t.name], "lg")
     for L in q.layers:
-        R.run_layer(q, slow, L)
-    R.fast_plan(q).run(fast)
+        R.run_layer(q, slow, L, opts)
+    R.fast_plan(q, opts).run(fast)
     return ({k: slow.lg(k) for k in slow.v}, {k: fast.lg(k) for k in fast.v})
 
 
-def _assert_plan_equal(q, feed):
-    slow, fast = _tensors_both_ways(q, feed)
+def _assert_plan_equal(q, feed, opts=None):
+    opts = opts or Options.from_env()
+    slow, fast = _tensors_both_ways(q, feed, opts)
     for t in q.outputs:
         assert t.name in fast
     for k, v in fast.items():
         np.testing.assert_array_equal(v, slow[k], err_msg=k)
-    out_fast = R.run_reference(q, q.quantize_inputs(feed))
-    out_slow = R.run_reference(q, q.quantize_inputs(feed), fast=False)
+    out_fast = R.run_reference(q, q.quantize_inputs(feed), options=opts)
+    out_slow = R.run_reference(q, q.quantize_inputs(feed), fast=False, options=opts)
     for k in out_slow:
         np.testing.assert_array_equal(out_fast[k], out_slow[k])
     return slow, fast
@@ -51,21 +53,17 @@ def _assert_plan_equal(q, feed):
 @pytest.mark.parametrize("numba", [True, False], ids=["numba", "no-numba"])
 @pytest.mark.parametrize("engine", ["auto", "numpy"])
 @pytest.mark.parametrize("name", ["shufflenet", "squeezenet"])
-def test_fast_plan_equals_layer_by_layer_on_randomized_zoo(name, engine, numba, monkeypatch):
-    if not numba:   # the plan without the fused kernels (numba missing or DNNFAB_NUMBA=0)
-        monkeypatch.setattr(R._K, "AVAILABLE", False)
-    elif not R._K.AVAILABLE:
+def test_fast_plan_equals_layer_by_layer_on_randomized_zoo(name, engine, numba):
+    if numba and not R._K.AVAILABLE:
         pytest.skip("numba not installed (a dependency)")
+    # numba=False: the plan without the fused kernels (numba missing or DNNFAB_NUMBA=0)
+    opts = Options(gemm_engine=engine, numba=numba)
     g = dnnfab.load(mh.randomized(name))
     q = dnnfab.quantize(g, calibration=mh.input_feed(g, seed=5, n=2))
-    old = R.set_engine(engine)
-    try:
-        for seed, gain in ((1, 1.0), (2, 6.0)):  # gain 6: many saturated codes
-            feed = {k: v * np.float32(gain) for k, v in mh.input_feed(g, seed=seed).items()}
-            slow, fast = _assert_plan_equal(q, feed)
-    finally:
-        R.set_engine(old)
-    plan = R.fast_plan(q)
+    for seed, gain in ((1, 1.0), (2, 6.0)):  # gain 6: many saturated codes
+        feed = {k: v * np.float32(gain) for k, v in mh.input_feed(g, seed=seed).items()}
+        slow, fast = _assert_plan_equal(q, feed, opts)
+    plan = R.fast_plan(q, opts)
     if name == "shufflenet":  # the channel shuffles were fused into their convs
         assert len(plan.steps) < len(q.layers) - 40
         assert len(fast) < len(slow)
@@ -87,11 +85,7 @@ def test_fast_plan_is_cached_and_can_be_disabled():
     q = dnnfab.quantize(g, calibration=mh.input_feed(g, seed=5, n=4))
     assert R.fast_plan(q) is R.fast_plan(q)
     feed = mh.input_feed(g, seed=3)
-    old = R.set_fast_plan(False)
-    try:
-        a = q.run_int(feed)
-    finally:
-        R.set_fast_plan(old)
+    a = q.run_int(feed, options=Options(fast_plan=False))
     b = q.run_int(feed)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
@@ -142,15 +136,13 @@ def test_fast_plan_without_float_convs(name, monkeypatch):
     """The numpy fallbacks the plan uses when a layer cannot go to the float Conv (and
     numba's fused kernels are not there)."""
     monkeypatch.setattr(R.FastPlan, "_float_conv_step", lambda self, *a, **k: None)
-    monkeypatch.setattr(R._K, "AVAILABLE", False)
     g = dnnfab.load(mh.case(name))
     q = dnnfab.quantize(g, calibration=mh.input_feed(g, seed=5, n=4 * g.inputs[0].shape[0]))
-    _assert_plan_equal(q, mh.input_feed(g, seed=3))
+    _assert_plan_equal(q, mh.input_feed(g, seed=3), Options(numba=False))
 
 
 def test_fast_plan_shufflenet_without_float_convs(monkeypatch):
     monkeypatch.setattr(R.FastPlan, "_float_conv_step", lambda self, *a, **k: None)
-    monkeypatch.setattr(R._K, "AVAILABLE", False)
     g = dnnfab.load(mh.randomized("shufflenet"))
     q = dnnfab.quantize(g, calibration=mh.input_feed(g, seed=5, n=1))
-    _assert_plan_equal(q, mh.input_feed(g, seed=1))
+    _assert_plan_equal(q, mh.input_feed(g, seed=1), Options(numba=False))

@@ -11,8 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dnnfab.sw import reference as R
-from dnnfab.sw.quantize import QAvgPool, QConv, QEltwise, QGemm, QMaxPool, requantize
+from dnnfab.sw.cpu import reference as R
+from dnnfab.sw.cpu.options import Options
+from dnnfab.sw.ref import golden as G
+from dnnfab.sw.ir.qgraph import QAvgPool, QConv, QEltwise, QGemm, QMaxPool, requantize
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -96,13 +98,9 @@ def conv_case(draw):
 @given(case=conv_case())
 def test_qconv_fast_equals_slow(engine, case):
     x, L = case
-    old = R.set_engine(engine)
-    try:
-        L.cache.clear()
-        fast = R.qconv_int(x, L)
-    finally:
-        R.set_engine(old)
-    slow = R.qconv_int_slow(x, L)
+    L.cache.clear()
+    fast = R.qconv_int(x, L, Options(gemm_engine=engine))
+    slow = G.qconv_int_slow(x, L)
     assert fast.dtype == np.int8 and fast.shape == slow.shape
     np.testing.assert_array_equal(fast, slow)
 
@@ -133,13 +131,9 @@ def gemm_case(draw):
 @given(case=gemm_case())
 def test_qgemm_fast_equals_slow(engine, case):
     x, L = case
-    old = R.set_engine(engine)
-    try:
-        L.cache.clear()
-        fast = R.qgemm_int(x, L)
-    finally:
-        R.set_engine(old)
-    np.testing.assert_array_equal(fast, R.qgemm_int_slow(x, L))
+    L.cache.clear()
+    fast = R.qgemm_int(x, L, Options(gemm_engine=engine))
+    np.testing.assert_array_equal(fast, G.qgemm_int_slow(x, L))
 
 
 @SETTINGS
@@ -190,7 +184,7 @@ def pool_case(draw):
 @SETTINGS
 @given(case=pool_case(), include_pad=st.booleans())
 def test_qavgpool_fast_equals_slow(case, include_pad):
-    from dnnfab.sw.ir import pool_counts
+    from dnnfab.sw.ir.graph import pool_counts
     rng, x, k, s, pads = case
     attrs = dict(kernel=k, stride=s, pads=pads, dilation=(1, 1), extra=(0, 0),
                  count_include_pad=int(include_pad))
@@ -200,7 +194,7 @@ def test_qavgpool_fast_equals_slow(case, include_pad):
     zx, zy = int(rng.integers(-128, 128)), int(rng.integers(-128, 128))
     L = QAvgPool("p", "x", "y", k, s, pads, (1, 1), (0, 0), int(include_pad), cnt, m, n,
                  zx, zy, -128, 127)
-    np.testing.assert_array_equal(R.qavgpool_int(x, L), R.qavgpool_int_slow(x, L))
+    np.testing.assert_array_equal(R.qavgpool_int(x, L), G.qavgpool_int_slow(x, L))
 
 
 @SETTINGS
@@ -231,7 +225,7 @@ def test_qeltwise_fast_equals_slow(seed, n_in, op):
     zy = int(rng.integers(-128, 128))
     L = QEltwise("e", op, [f"x{i}" for i in range(n_in)], "y", k, z, m, n, zy, -128, 127)
     fast = R.qeltwise_int(xs, L)
-    slow = R.qeltwise_int_slow(xs, L)
+    slow = G.qeltwise_int_slow(xs, L)
     if op == "add":
         np.testing.assert_array_equal(fast, slow)
     else:

@@ -1,8 +1,8 @@
 """Post-training int8 quantization: float :class:`Graph` -> :class:`QuantizedGraph`.
 
 The result is a list of integer layers (the dataclasses below) whose fields are exactly
-the integers of the contract in DESIGN.md section 3; the hardware compiler consumes them
-as they are and :mod:`dnnfab.sw.reference` executes them (the golden model).
+the integers of the contract in docs/contract.md; the hardware compiler consumes them
+as they are and :mod:`dnnfab.sw.cpu.reference` executes them (the golden model).
 
 Number formats
 --------------
@@ -28,7 +28,7 @@ Exactness trick: the real multiplier is ``M = s_x s_w[c] / s_y``. After rounding
 ``m * 2**-n`` we *move the rounding error into a free scale* -- ``s_w[c]`` for conv/gemm,
 ``s_y`` for pool/add/concat -- so that the stored float scales reproduce ``m * 2**-n``
 (up to float32 rounding, ~1e-7 relative). A QDQ model exported from these scales
-(:mod:`dnnfab.sw.export`) then makes onnxruntime compute the same integers as our 15-bit
+(:mod:`dnnfab.sw.frontend.export`) then makes onnxruntime compute the same integers as our 15-bit
 fixed-point multiplier, which is what lets the reference agree with onnxruntime on
 >= 99.9 % of the output codes. (Models imported with their own QDQ scales keep their
 activation scales; only the weight scales move.)
@@ -55,367 +55,14 @@ in float on the CPU (:class:`QFloat`: dequantize, float op, quantize with round-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, ModelError
-from .ir import INF, UNARY_OPS, Graph, Layer, TensorInfo, pool_counts, run_float_layer
-
-ACC_MAX = 2**31 - 1
-M_BITS = 15  # m in [2**14, 2**15)
-
-
-# ====================================================================== arithmetic
-def quantize_multiplier(M):
-    """Return int (m, n) with m in [2**14, 2**15), 1 <= n <= 62 and m * 2**-n ~= M.
-
-    Raises ModelError when M >= 2**14 (cannot be represented with n >= 1).
-    """
-    M = float(M)
-    if not (M > 0 and math.isfinite(M)):
-        raise ModelError(f"requantization multiplier {M!r} is not positive; the layer's scales "
-                         "are degenerate (recalibrate with representative data)")
-    mant, exp = math.frexp(M)  # M = mant * 2**exp, mant in [0.5, 1)
-    m = int(round(mant * 2**M_BITS))
-    n = M_BITS - exp
-    if m == 2**M_BITS:
-        m //= 2
-        n -= 1
-    if n < 1:
-        raise ModelError(f"requantization multiplier {M:.3g} is too large (>= 2^14); the output "
-                         "scale is far smaller than the input's -- recalibrate")
-    if n > 62:  # |acc * M| < 2**-17: the term is 0 whichever way it is rounded
-        m, n = 2**14, 62
-    return m, n
-
-
-def requantize(acc, m, n, zy, lo, hi):
-    """The contract's requantize, literally, in int64: works on any broadcastable shapes."""
-    acc = np.asarray(acc, np.int64)
-    m = np.asarray(m, np.int64)
-    n = np.asarray(n, np.int64)
-    y = (acc * m + (np.int64(1) << (n - 1))) >> n
-    return np.clip(y + zy, lo, hi).astype(np.int8)
-
-
-def quantize_tensor(x, scale, zp):
-    """Float -> int8 like ONNX QuantizeLinear (round half to even, saturate)."""
-    q = np.rint(np.asarray(x, np.float32) / np.float32(scale)) + zp
-    return np.clip(q, -128, 127).astype(np.int8)
-
-
-def dequantize_tensor(q, scale, zp):
-    return ((q.astype(np.int32) - zp).astype(np.float32) * np.float32(scale)).astype(np.float32)
-
-
-def act_bounds(act, sy, zy):
-    """Integer (lo, hi) of a fused ReLU/Clip for output params (sy, zy)."""
-    if not act:
-        return -128, 127
-    a, b = act[1], act[2]
-    lo = -128 if a == -INF else max(-128, min(127, zy + int(np.rint(a / sy))))
-    hi = 127 if b == INF else max(-128, min(127, zy + int(np.rint(b / sy))))
-    return lo, hi
-
-
-# ====================================================================== layers
-@dataclass
-class QTensor:
-    """Quantization of one activation tensor: ``real = scale * (q - zero_point)``."""
-
-    scale: np.float32
-    zero_point: int
-
-
-@dataclass
-class QConv:
-    """Integer convolution (also depthwise and 1-D), per the contract.
-
-    Input and output are int8; the reference's :func:`~dnnfab.sw.reference.qconv_int`
-    takes/returns channel-last (NHWC) arrays. 1-D convs have ``kh == 1`` and H = 1.
-
-    Fields
-    ------
-    qweight : int8 [Cout, Cin/groups, kh, kw]   symmetric, values in [-127, 127]
-    bias    : int32 [Cout]  folded bias' = bias_q - zx * sum(qweight[c])
-    m, n    : int32 [Cout]  requantize multiplier m in [2^14, 2^15) and shift n >= 1
-    zx, zy  : int            input / output zero points (padding uses the value zx)
-    lo, hi  : int            output clamp (fused ReLU/Clip), -128 <= lo <= hi <= 127
-    stride  : (sh, sw); pad: (top, left, bottom, right); dilation: (dh, dw); groups: int
-    acc_bound : int          proven max |acc| over all int8 inputs (< 2^31)
-    sx, sy, sw, bias_q : float/int32 scales and unfolded bias (for export and debugging)
-    """
-
-    name: str
-    input: str
-    output: str
-    qweight: np.ndarray
-    bias: np.ndarray
-    m: np.ndarray
-    n: np.ndarray
-    zx: int
-    zy: int
-    lo: int
-    hi: int
-    stride: tuple
-    pad: tuple
-    dilation: tuple
-    groups: int
-    acc_bound: int = 0
-    sx: np.float32 = np.float32(1)
-    sy: np.float32 = np.float32(1)
-    sw: np.ndarray = None
-    bias_q: np.ndarray = None
-    rank: int = 2
-    cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-    op = "conv"
-
-    @property
-    def inputs(self):
-        return [self.input]
-
-
-@dataclass
-class QGemm:
-    """Integer fully connected layer over the last axis: x int8 [M, K] -> y int8 [M, N].
-
-    qweight int8 [N, K]; bias int32 [N] (folded, like :class:`QConv`); m, n int32 [N];
-    zx, zy, lo, hi ints; acc_bound; sx, sy, sw [N], bias_q [N] for export.
-    """
-
-    name: str
-    input: str
-    output: str
-    qweight: np.ndarray
-    bias: np.ndarray
-    m: np.ndarray
-    n: np.ndarray
-    zx: int
-    zy: int
-    lo: int
-    hi: int
-    acc_bound: int = 0
-    sx: np.float32 = np.float32(1)
-    sy: np.float32 = np.float32(1)
-    sw: np.ndarray = None
-    bias_q: np.ndarray = None
-    cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-    op = "gemm"
-
-    @property
-    def inputs(self):
-        return [self.input]
-
-
-@dataclass
-class QMaxPool:
-    """Max pool on int8: exact, same scale/zero point in and out; padding is -128.
-
-    kernel (kh, kw), stride, pad (t, l, b, r), dilation, extra (ceil-mode end padding).
-    """
-
-    name: str
-    input: str
-    output: str
-    kernel: tuple
-    stride: tuple
-    pad: tuple
-    dilation: tuple
-    extra: tuple = (0, 0)
-
-    op = "maxpool"
-
-    @property
-    def inputs(self):
-        return [self.input]
-
-
-@dataclass
-class QAvgPool:
-    """Average pool: acc = sum over the window of (q - zx) (padding adds 0), then
-    y = clamp(zy + requant(acc, m[i, j], n[i, j]), lo, hi) with the multiplier of output
-    position (i, j) equal to ``sx / (sy * count[i, j])``. m, n, count: int32 [Ho, Wo]."""
-
-    name: str
-    input: str
-    output: str
-    kernel: tuple
-    stride: tuple
-    pad: tuple
-    dilation: tuple
-    extra: tuple
-    count_include_pad: int
-    count: np.ndarray
-    m: np.ndarray
-    n: np.ndarray
-    zx: int
-    zy: int
-    lo: int
-    hi: int
-    is_global: bool = False
-    sx: np.float32 = np.float32(1)
-    sy: np.float32 = np.float32(1)
-    cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-    op = "avgpool"
-
-    @property
-    def inputs(self):
-        return [self.input]
-
-
-@dataclass
-class QEltwise:
-    """Residual add (``op='add'``: one output from all inputs), concat (``op='concat'``:
-    each input rescaled, then joined on logical ``axis``) or a single-input rescale
-    (``op='rescale'``). For every input i: int32 weight ``k[i]`` and zero point ``z[i]``;
-    ``acc = sum_i k[i] * (q_i - z[i])`` (add) or ``k[i] * (q_i - z[i])`` (concat/rescale),
-    then ``y = clamp(zy + ((acc*m + 2^(n-1)) >> n), lo, hi)`` with scalar m, n.
-    ``identity[i]`` is True when input i passes through unchanged."""
-
-    name: str
-    op: str
-    inputs: list
-    output: str
-    k: np.ndarray
-    z: np.ndarray
-    m: int
-    n: int
-    zy: int
-    lo: int
-    hi: int
-    axis: int = 1
-    identity: tuple = ()
-    sy: np.float32 = np.float32(1)
-    cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-
-@dataclass
-class QClip:
-    """Standalone ReLU/Clip on int8 with unchanged scale: y = clamp(x, lo, hi)."""
-
-    name: str
-    input: str
-    output: str
-    lo: int
-    hi: int
-
-    op = "clip"
-
-    @property
-    def inputs(self):
-        return [self.input]
-
-
-@dataclass
-class QLayout:
-    """Data movement on int8 codes: ``op`` is 'reshape' (attr = shape) or 'transpose'
-    (attr = perm). Scale and zero point are unchanged."""
-
-    name: str
-    op: str
-    input: str
-    output: str
-    attr: tuple
-
-    @property
-    def inputs(self):
-        return [self.input]
-
-
-@dataclass
-class QLut:
-    """Element-wise unary op as a table: y = table[x + 128] (int8 [256]). The table is
-    the float op evaluated on every input code and quantized to the output params."""
-
-    name: str
-    input: str
-    output: str
-    table: np.ndarray
-    op_type: str = ""
-
-    op = "lut"
-
-    @property
-    def inputs(self):
-        return [self.input]
-
-
-@dataclass
-class QFloat:
-    """CPU float fallback: dequantize the inputs, run the float IR layer, quantize the
-    output (round half to even, saturate) with the output's params."""
-
-    name: str
-    layer: Layer
-    inputs: list
-    output: str
-
-    op = "float"
-
-
-# ====================================================================== graph
-class QuantizedGraph:
-    """An int8 network: integer layers plus the quantization of every tensor.
-
-    ``run(feed)`` quantizes the float inputs, executes the integer reference
-    (:mod:`dnnfab.sw.reference`) and returns dequantized float outputs named as in the
-    ONNX model. ``run_int`` returns the int8 output codes instead.
-    """
-
-    kind = "int8"
-    #: weights quantized to 7 bits ([-63, 63]; ``quantize(..., reduce_range=True)``)
-    reduce_range = False
-
-    def __init__(self, name, inputs, outputs, layers, qtensors, shapes, float_graph=None):
-        self.name = name
-        self.inputs = list(inputs)
-        self.outputs = list(outputs)
-        self.layers = list(layers)
-        self.qtensors = dict(qtensors)
-        self.shapes = dict(shapes)
-        self.float_graph = float_graph
-
-    def __repr__(self):
-        return (f"<QuantizedGraph {self.name!r}: {len(self.layers)} layers, "
-                f"inputs {[(t.name, t.shape) for t in self.inputs]}>")
-
-    def shape(self, name):
-        return self.shapes[name]
-
-    def check_feed(self, feed):
-        return Graph.check_feed(self, feed)
-
-    def quantize_inputs(self, feed):
-        feed = self.check_feed(feed)
-        return {k: quantize_tensor(v, self.qtensors[k].scale, self.qtensors[k].zero_point)
-                for k, v in feed.items()}
-
-    def run_int(self, feed, observer=None):
-        """Integer outputs (int8 codes) for float inputs ``feed``."""
-        from .reference import run_reference
-        return run_reference(self, self.quantize_inputs(feed), observer=observer)
-
-    def run(self, feed, observer=None):
-        """Dequantized float outputs, named as in the ONNX model."""
-        qout = self.run_int(feed, observer=observer)
-        return {k: dequantize_tensor(v, self.qtensors[k].scale, self.qtensors[k].zero_point)
-                for k, v in qout.items()}
-
-    def export(self, path=None):
-        """QDQ ONNX model of this network (see :mod:`dnnfab.sw.export`)."""
-        from .export import export_qdq
-        return export_qdq(self, path)
-
-    def summary(self):
-        rows = []
-        if self.float_graph is not None:
-            rows = self.float_graph.summary()
-        return rows
-
+from ...errors import InputError, ModelError
+from ..ir.graph import UNARY_OPS, Graph, pool_counts, run_float_layer
+from ..ir.qgraph import (ACC_MAX, QuantizedGraph, QTensor, QConv, QGemm, QMaxPool, QAvgPool,
+                         QEltwise, QClip, QLayout, QLut, QFloat, quantize_multiplier, act_bounds,
+                         quantize_tensor, dequantize_tensor)
 
 # ====================================================================== calibration
 def _calibration_feeds(graph, calibration, rng_seed=0, n_random=8):
@@ -518,7 +165,7 @@ def qtensor_from_range(lo, hi):
 
 # ====================================================================== quantizer
 def quantize_graph(graph, calibration=None, method="minmax", percentile=99.99,
-                   reduce_range=False):
+                   reduce_range=False, graph_class=QuantizedGraph):
     """Quantize a float graph to int8 (see the module docstring).
 
     calibration: representative inputs -- an array [N, ...] (single-input models), a dict
@@ -528,6 +175,8 @@ def quantize_graph(graph, calibration=None, method="minmax", percentile=99.99,
     reduce_range: 7-bit weights (q in [-63, 63]) so that onnxruntime's optimized session
     runs the exported QDQ model exactly on CPUs without VNNI as well (see the module
     docstring); the result records it as ``QuantizedGraph.reduce_range``.
+    graph_class: the class of the result, :class:`~dnnfab.sw.ir.qgraph.QuantizedGraph` or
+    a subclass (``dnnfab.quantize`` passes the runtime's, which adds the executors).
     """
     if not isinstance(graph, Graph):
         raise InputError(f"quantize() needs a graph from dnnfab.load(), got "
@@ -540,7 +189,7 @@ def quantize_graph(graph, calibration=None, method="minmax", percentile=99.99,
     with np.errstate(all="ignore"):
         for feed in feeds:
             graph.run(feed, observer=obs)
-    return _Quantizer(graph, obs, reduce_range=reduce_range).build()
+    return _Quantizer(graph, obs, reduce_range=reduce_range).build(graph_class)
 
 
 _SHARES_INPUT_PARAMS = ("maxpool", "clip", "reshape", "transpose")
@@ -575,7 +224,7 @@ class _Quantizer:
         self.qt[name] = p
         return p
 
-    def build(self):
+    def build(self, graph_class=QuantizedGraph):
         g = self.g
         for t in g.inputs:
             self.params_for(t.name)
@@ -584,7 +233,7 @@ class _Quantizer:
             q = getattr(self, f"q_{layer.op}", self.q_float)(layer)
             layers.append(q)
         shapes = {k: v.shape for k, v in g.tensors.items()}
-        q = QuantizedGraph(g.name, g.inputs, g.outputs, layers, self.qt, shapes, g)
+        q = graph_class(g.name, g.inputs, g.outputs, layers, self.qt, shapes, g)
         q.reduce_range = self.reduce_range
         return q
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import DnnfabError
+from ...errors import DnnfabError
 
 
 def register(subparsers):
@@ -25,7 +25,7 @@ def register(subparsers):
     p.add_argument("model", help="path to an .onnx file or a zoo model name")
     p.add_argument("--batch", type=int, default=1, help="batch size for a dynamic batch dim")
     add_input_shape_arg(p)
-    from ..hw.cli import add_config_args
+    from ...gencli import add_config_args
     add_config_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_inspect)
@@ -66,8 +66,8 @@ def load_for_cli(model, batch=1, input_shape_specs=()):
     dimension asks for ``--input-shape`` (the CLI's way to give ``input_shapes``)."""
     import os
     from .api import load, check_model_path
-    from .frontend import read_model
-    from ..errors import ModelError
+    from ..frontend.onnx_import import read_model
+    from ...errors import ModelError
     check_model_path(model)
     shapes = parse_input_shapes(input_shape_specs)
     proto = read_model(model)
@@ -100,8 +100,8 @@ def load_for_cli(model, batch=1, input_shape_specs=()):
 def inspect_rows(model, batch=1, cfg=None, input_shapes=()):
     """(graph, rows, totals) for ``dnnfab inspect``: the graph's layer summary with
     ``target`` and ``reason`` from the runtime's placement on ``cfg``."""
-    from ..hw.config import AcceleratorConfig
-    from .runtime import plan_network, check_run_config
+    from ...hw.config import AcceleratorConfig
+    from .network import plan_network, check_run_config
     cfg = cfg or AcceleratorConfig()
     check_run_config(cfg)
     g = load_for_cli(model, batch=batch, input_shape_specs=input_shapes)
@@ -118,7 +118,7 @@ def inspect_rows(model, batch=1, cfg=None, input_shapes=()):
 
 
 def _print_table(t):
-    from ..console import print_table
+    from ...console import print_table
     print_table(t)
 
 
@@ -136,8 +136,8 @@ def _si(v):
 def cmd_inspect(args):
     if args.batch < 1:
         raise DnnfabError(f"--batch must be >= 1, got {args.batch}")
-    from ..hw.cli import config_from_args
-    from .runtime import check_run_config
+    from ...gencli import config_from_args
+    from .network import check_run_config
     cfg = config_from_args(args)
     check_run_config(cfg, cli=True)
     g, rows, totals = inspect_rows(args.model, args.batch, cfg, args.input_shape)
@@ -172,7 +172,7 @@ def cmd_inspect(args):
 
 def cmd_models(args):
     try:
-        from .. import models
+        from ... import models
     except ImportError:
         models = None
     lister = getattr(models, "list_models", None) if models else None

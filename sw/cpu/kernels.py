@@ -1,10 +1,10 @@
 """Fused integer kernels of the reference network, compiled with numba.
 
-The integer reference (:mod:`dnnfab.sw.reference`) spends its time in two kinds of work:
+The integer reference (:mod:`dnnfab.sw.cpu.reference`) spends its time in two kinds of work:
 big GEMMs (onnxruntime ``MatMulInteger`` / float32 BLAS, already near peak) and many
 passes over activation-sized arrays (requantize, depthwise taps, table lookups), each a
 separate numpy call. The kernels here do each of the latter in **one pass**, in the
-literal int64 arithmetic of the contract (DESIGN.md section 3; no floating point, so
+literal int64 arithmetic of the contract (docs/contract.md; no floating point, so
 exactness needs no argument). They run single-threaded: numba's parallel loops, measured
 with 2 threads next to onnxruntime's pool on the same 2 cores, made ShuffleNet ~1.8x
 *slower* (pool hand-offs of 50-100 us layers), so the GEMMs keep the threads:
@@ -19,29 +19,25 @@ with 2 threads next to onnxruntime's pool on the same 2 cores, made ShuffleNet ~
 * :func:`avgpool` -- window sums of ``q - zx`` with a per-position requantize (count
   varies at padded borders), channel-last; global pooling is the full-window case;
 * :func:`lut2` / :func:`lut1` -- residual add / rescale through the precomputed
-  65536- / 256-entry tables of :class:`~dnnfab.sw.reference.FastPlan`.
+  65536- / 256-entry tables of :class:`~dnnfab.sw.cpu.reference.FastPlan`.
 
-``AVAILABLE`` is False when numba is missing or ``DNNFAB_NUMBA=0``; the reference then
-uses its numpy kernels (same results, slower). Compiled code is cached on disk by numba
+``AVAILABLE`` is False when numba is missing; the reference then (and with
+``Options(numba=False)``, e.g. from ``DNNFAB_NUMBA=0``) uses its numpy kernels (same results, slower). Compiled code is cached on disk by numba
 (``cache=True``), so only the first run on a machine pays the ~10 s of compilation.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 __all__ = ["AVAILABLE", "requant_rows", "requant_rows_perm", "requant_add", "requant_add_perm", "dwconv", "avgpool", "lut1", "lut2"]
 
-AVAILABLE = False
-if os.environ.get("DNNFAB_NUMBA", "1") != "0":
-    try:
-        import numba
-        from numba import njit
-        AVAILABLE = True
-    except ImportError:  # pragma: no cover - numba is a dependency
-        AVAILABLE = False
+try:
+    import numba  # noqa: F401
+    from numba import njit
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - numba is a dependency
+    AVAILABLE = False
 
 
 if AVAILABLE:

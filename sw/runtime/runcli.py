@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ..errors import DnnfabError, InputError
+from ...errors import DnnfabError, InputError
 
 __all__ = ["register", "main_job", "load_samples"]
 
@@ -37,7 +37,7 @@ def _zoo_name(model):
     """Canonical zoo name of ``model`` or None (a path, or not a zoo model)."""
     if not isinstance(model, str) or os.path.exists(model):
         return None
-    from ..models.zoo import canonical_name
+    from ...models.zoo import canonical_name
     return canonical_name(model)
 
 
@@ -72,7 +72,7 @@ def load_samples(path, graph):
     stored without the leading sample axis. Raises :class:`InputError` naming the file and
     the fix for a missing file, a wrong shape or dtype, or NaN/inf values.
     """
-    from .runtime import check_finite
+    from .network import check_finite
     names = [t.name for t in graph.inputs]
     shapes = {t.name: tuple(t.shape) for t in graph.inputs}
     if not os.path.exists(path):
@@ -147,7 +147,7 @@ def _data_for(zoo, label, graph, n_eval, n_calib, calibration):
         desc["calibration"] = f"{len(calib)} samples from {calibration}"
     n_calib = DEFAULT_CALIB if n_calib is None else n_calib
     if zoo in ("digits-cnn", "eeg-seizure"):
-        from ..models import datasets
+        from ...models import datasets
         inp = graph.inputs[0].name
         if zoo == "digits-cnn":
             xtr, _, xte, yte = datasets.digits_split()
@@ -204,9 +204,9 @@ def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=Tru
     path for :func:`load_samples`; ``input_shapes``: ``--input-shape`` strings.
     """
     import dnnfab
-    from ..hw.config import AcceleratorConfig
+    from ...hw.config import AcceleratorConfig
     from .cli import load_for_cli
-    from .runtime import run_network, plan_network, check_run_config
+    from .network import run_network, plan_network, check_run_config
     cfg = cfg or AcceleratorConfig()
     _check_counts(samples, calib)
     check_run_config(cfg)
@@ -259,8 +259,8 @@ def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=Tru
 
 
 def cmd_run(args):
-    from ..hw.cli import config_from_args
-    from .runtime import check_run_config
+    from ...gencli import config_from_args
+    from .network import check_run_config
     _check_counts(args.samples, args.calib)
     cfg = config_from_args(args)
     check_run_config(cfg, cli=True)
@@ -271,7 +271,7 @@ def cmd_run(args):
         print(json.dumps(summary, indent=2, default=float))
         return 0
     from rich.table import Table
-    from ..console import print_table
+    from ...console import print_table
     s = summary
     t = Table(title=f"{s['model']} on a {cfg.rows}x{cfg.cols} accelerator @ {cfg.clock_mhz:g} MHz "
                     "(fast model)")
@@ -302,7 +302,7 @@ RUN_DESCRIPTION = (
 
 
 def register(sub):
-    from ..hw.cli import add_config_args
+    from ...gencli import add_config_args
     from .cli import add_input_shape_arg
     p = sub.add_parser("run", help="run a model on the accelerator (default: bundled digits-cnn, fast model)",
                        description=RUN_DESCRIPTION)

@@ -1,10 +1,15 @@
-"""``dnnfab generate``: config -> Verilog + manifest (+ regs.h)."""
+"""``dnnfab generate``: config -> Verilog + manifest (+ regs.h); and the accelerator-config
+options every command shares (:func:`add_config_args`, :func:`config_from_args`).
+
+Command-line glue above hw/ and boards/ (a ``--board`` sizes and checks the config against
+a board, and ``generate --board`` writes its constraints), so that hw/ never imports
+boards/ (tests/test_architecture.py)."""
 
 import json
 from pathlib import Path
 
-from .config import AcceleratorConfig, PRESETS
-from ..errors import ConfigError
+from .hw.config import AcceleratorConfig, PRESETS
+from .errors import ConfigError
 
 __all__ = ["register", "add_config_args", "config_from_args"]
 
@@ -67,14 +72,14 @@ def config_from_args(args):
     board = getattr(args, "board", None)
     top = getattr(args, "top", None)
     if board:
-        from ..boards import get_board
+        from .boards import get_board
         b = get_board(board)
         base.setdefault("clock_mhz", b.clock_mhz)
         if auto:
-            from ..boards.fit import autosize
+            from .boards.fit import autosize
             return autosize(b, base, auto, top=top)
         cfg = AcceleratorConfig.from_dict(base)
-        from ..boards.fit import check_fit
+        from .boards.fit import check_fit
         check_fit(cfg, b, top=top)
         return cfg
     if auto:
@@ -90,18 +95,18 @@ def _int_arg(name, text):
 
 
 def cmd_generate(args):
-    from .generate import generate
+    from .hw.generate import generate
     cfg = config_from_args(args)
     extra = None
     if args.board:
-        from ..boards import get_board
+        from .boards import get_board
         b = get_board(args.board)
         extra = {"board": {"id": b.id, "part": b.fpga.full_part, "clock_mhz": cfg.clock_mhz}}
     paths = generate(cfg, args.output, top=args.top, extra=extra)
     removed = paths.pop("removed", [])
     if args.board:
-        from ..boards.synth import write_constraints
-        from .generate import TOPS, record_files
+        from .boards.synth import write_constraints
+        from .hw.generate import TOPS, record_files
         cons = write_constraints(cfg, args.board, args.output,
                                  module=TOPS[args.top][1], verilog=paths["verilog"].name)
         record_files(paths["manifest"], cons.values())

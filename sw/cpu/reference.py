@@ -1,5 +1,5 @@
-"""The integer reference network: executes a :class:`~dnnfab.sw.quantize.QuantizedGraph`
-exactly as the contract (DESIGN.md section 3) says. It is the golden model the fabric, the
+"""The integer reference network: executes a :class:`~dnnfab.sw.ir.qgraph.QuantizedGraph`
+exactly as the contract (docs/contract.md) says. It is the golden model the fabric, the
 fast model and the CPU workers are compared against, bit for bit.
 
 Layout: the kernels take and return **channel-last** int8 arrays (NHWC; 1-D layers use
@@ -26,29 +26,33 @@ Two implementations of every arithmetic kernel:
   int32 intermediate can overflow, whatever the order of the zero-point fix-up).
   Requantize runs in float64, which is exact here: ``acc * m`` < 2^46 and ``m * 2^-n`` is
   a 15-bit mantissa, so ``floor(acc * (m 2^-n) + 1/2)`` equals ``(acc*m + 2^(n-1)) >> n``.
-* slow (``qconv_int_slow``, ``qgemm_int_slow``, ...): loops with int64 arithmetic and the
-  literal contract formula; used by the property tests to pin the fast path down.
+* slow (``qconv_int_slow``, ``qgemm_int_slow``, ... in :mod:`dnnfab.sw.ref.golden`): loops
+  with int64 arithmetic and the literal contract formula; the property tests pin the fast
+  path down to them.
 
-``set_engine("numpy" | "ort" | "auto")`` chooses the GEMM engine (default ``auto``).
+``Options.gemm_engine`` (``"numpy" | "ort" | "auto"``, :mod:`dnnfab.sw.cpu.options`) chooses
+the GEMM engine (default ``auto``); every function that runs GEMMs takes the options.
 
 Network executor: :func:`run_reference` runs a compiled :class:`FastPlan` of the graph
 (fused ShuffleNet channel shuffles, onnxruntime float depthwise/first convs, table-driven
 add and concat, integer-clamp requantize :class:`Requant32`), bit-identical to calling
 :func:`run_layer` layer by layer, which it does with an observer or with
-``set_fast_plan(False)`` / ``DNNFAB_FAST_PLAN=0``.
+``Options(fast_plan=False)`` (``DNNFAB_FAST_PLAN=0``).
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import weakref
 
 import numpy as np
 
-from ..errors import DnnfabError
+from ...errors import DnnfabError
 from . import kernels as _K
-from .ir import from_cl, pad_nhwc, run_float_layer, to_cl, windows_nhwc
-from .quantize import (QAvgPool, QClip, QConv, QEltwise, QFloat, QGemm, QLayout, QLut,
+from .options import Options
+from ..ir.graph import from_cl, pad_nhwc, run_float_layer, to_cl, windows_nhwc
+from ..ref.golden import pool_geom
+from ..ir.qgraph import (QAvgPool, QClip, QConv, QEltwise, QFloat, QGemm, QLayout, QLut,
                        QMaxPool, dequantize_tensor, quantize_tensor, requantize)
 
 K_CHUNK = 1024           # int8*int8 partial sums in float32 stay exact below 2^24
@@ -58,25 +62,8 @@ ORT_MIN_MACS = 1 << 12   # below this numpy BLAS beats the ~5 us session call
 ORT_SINGLE_THREAD_MACS = 24 << 20  # smaller GEMMs run single-threaded (see PreparedGemm.ort)
 #: largest K of the uint8 x uint8 engine: 255 * 255 * K < 2^31 (no int32 overflow at all)
 ORT_MAX_K = (2**31 - 1) // (255 * 255)
-_ENGINE = {"name": os.environ.get("DNNFAB_GEMM_ENGINE", "auto"), "ort_import": None}
-
-
-def set_engine(name):
-    """Select the integer GEMM engine: 'numpy' (float32 BLAS, K chunked at 1024), 'ort'
-    (onnxruntime uint8 x uint8 MatMulInteger) or 'auto' (ort for GEMMs of at least
-    :data:`ORT_MIN_MACS` MACs). Both are exact by construction and bit-identical; 'ort'
-    and 'auto' use numpy where onnxruntime is not installed or K > :data:`ORT_MAX_K`.
-    The initial setting comes from ``DNNFAB_GEMM_ENGINE``. Returns the previous setting."""
-    if name not in ("numpy", "ort", "auto"):
-        raise ValueError("engine must be 'numpy', 'ort' or 'auto'")
-    old = _ENGINE["name"]
-    _ENGINE["name"] = name
-    return old
-
-
-def _threads():
-    v = os.environ.get("DNNFAB_THREADS")
-    return int(v) if v else min(2, os.cpu_count() or 1)
+#: the built-in defaults (no environment): what a kernel called without options uses
+_DEFAULT = Options()
 
 
 # ====================================================================== requantize
@@ -254,7 +241,7 @@ def _per_channel(c, bias, m, n):
 
 class RequantK:
     """The requantize of :class:`Requant` as one fused pass
-    (:func:`dnnfab.sw.kernels.requant_rows`, literal int64 contract arithmetic), for
+    (:func:`dnnfab.sw.cpu.kernels.requant_rows`, literal int64 contract arithmetic), for
     accumulators of shape [..., C] (int32/int64 or float32/64 holding exact integers)."""
 
     ok = True
@@ -294,9 +281,9 @@ class RequantK:
         return y
 
 
-def _lut1(x, table):
+def _lut1(x, table, numba=True):
     """``table[x & 0xff]`` for int8 ``x`` (one pass with numba, else ``np.take``)."""
-    if _K.AVAILABLE and x.flags.c_contiguous:
+    if numba and _K.AVAILABLE and x.flags.c_contiguous:
         y = np.empty(x.shape, np.int8)
         _K.lut1(x.reshape(-1), table, y.reshape(-1))
         return y
@@ -304,9 +291,9 @@ def _lut1(x, table):
 
 
 # ====================================================================== int GEMM
-def _ort_session(nodes, inputs, outputs, inits, threads=None):
+def _ort_session(nodes, inputs, outputs, inits, threads):
     """An onnxruntime CPU session of a small opset-13 graph, with ``threads`` intra-op
-    threads (default: the reference's) that sleep rather than spin when idle: the plan
+    threads (``Options.threads``, or 1) that sleep rather than spin when idle: the plan
     holds one session per layer, and dozens of spinning pools starve the Python thread
     between calls."""
     import onnxruntime as ort
@@ -315,7 +302,7 @@ def _ort_session(nodes, inputs, outputs, inits, threads=None):
                               opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = min(model.ir_version, 9)
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads or _threads()
+    so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -344,7 +331,7 @@ class _OrtMatMulInteger:
     (u8 x u8 kernels accumulate in int32, never in saturating int16; callers keep
     ``255 * 255 * K < 2^31``)."""
 
-    def __init__(self, w_kn, threads=None):
+    def __init__(self, w_kn, threads):
         from onnx import TensorProto, helper, numpy_helper
         k, n = w_kn.shape
         node, inits = _matmul_u8u8_node(numpy_helper.from_array, "a", w_kn, "y")
@@ -385,16 +372,15 @@ class _OrtGroupedMatMulInteger:
         return self.sess.run(None, {"a": a_u8})[0]
 
 
+@functools.cache
 def _ort_available():
     """True when onnxruntime can be imported (checked once). This is not an exactness
     check: the uint8 x uint8 engine is exact by construction (see the module docstring)."""
-    if _ENGINE["ort_import"] is None:
-        try:
-            import onnxruntime  # noqa: F401
-            _ENGINE["ort_import"] = True
-        except ImportError:
-            _ENGINE["ort_import"] = False
-    return _ENGINE["ort_import"]
+    try:
+        import onnxruntime  # noqa: F401
+        return True
+    except ImportError:
+        return False
 
 
 class PreparedGemm:
@@ -413,21 +399,22 @@ class PreparedGemm:
         self.ort_safe = self.k <= ORT_MAX_K
         self._ort = None
 
-    def use_ort(self, m):
-        eng = _ENGINE["name"]
+    def use_ort(self, m, eng="auto"):
+        """Whether a GEMM of ``m`` rows runs on onnxruntime with engine ``eng``
+        (``Options.gemm_engine``)."""
         if eng == "numpy" or not self.ort_safe:
             return False
         if eng == "auto" and m * self.k * self.n < ORT_MIN_MACS:
             return False
         return _ort_available()
 
-    def ort(self, m=None):
+    def ort(self, m=None, threads=None):
         """The onnxruntime session for ``m`` rows: single-threaded below
         :data:`ORT_SINGLE_THREAD_MACS` (waking a sleeping pool thread costs more than it
-        saves there; measured 1.2-1.3x faster for 13-15 M MACs), else the reference's
-        thread count."""
+        saves there; measured 1.2-1.3x faster for 13-15 M MACs), else ``threads``
+        (``Options.threads``; default the built-in one)."""
         threads = 1 if m is not None and m * self.k * self.n < ORT_SINGLE_THREAD_MACS \
-            else _threads()
+            else (threads or _DEFAULT.threads)
         if self._ort is None:
             self._ort = {}
         sess = self._ort.get(threads)
@@ -447,11 +434,11 @@ class PreparedGemm:
         return acc
 
 
-def int_matmul(a_i8, prep):
+def int_matmul(a_i8, prep, options=_DEFAULT):
     """Exact int8 [M, K] x int8 [K, N] -> integer accumulators (int32 or exact float32)."""
-    if prep.use_ort(a_i8.shape[0]):
+    if prep.use_ort(a_i8.shape[0], options.gemm_engine):
         a_u8 = a_i8.view(np.uint8) ^ np.uint8(0x80)
-        return prep.ort(a_u8.shape[0])(a_u8) - 128 * prep.colsum
+        return prep.ort(a_u8.shape[0], options.threads)(a_u8) - 128 * prep.colsum
     return prep.matmul_f32(a_i8.astype(np.float32))
 
 
@@ -492,9 +479,9 @@ def _conv_prep(L):
     return c
 
 
-def qconv_int(x, L):
+def qconv_int(x, L, options=_DEFAULT):
     """Integer convolution of the contract. x: int8 channel-last [N, H, W, Cin] (1-D: H=1);
-    L: :class:`~dnnfab.sw.quantize.QConv`. Returns int8 [N, Ho, Wo, Cout]."""
+    L: :class:`~dnnfab.sw.ir.qgraph.QConv`. Returns int8 [N, Ho, Wo, Cout]."""
     c = _conv_prep(L)
     cout, cig, kh, kw = L.qweight.shape
     n_, h, w, cin = x.shape
@@ -511,19 +498,19 @@ def qconv_int(x, L):
                 term = win[:, :, :, i, j, :] * wd[i, j]
                 acc = term if acc is None else np.add(acc, term, out=acc)
         return c["rq"](acc)
-    acc, use_ort = _conv_acc(x, L, c, ho, wo)
+    acc, use_ort = _conv_acc(x, L, c, ho, wo, options)
     y = (c["rq_u8"] if use_ort else c["rq"])(acc)
     return y.reshape(n_, ho, wo, cout)
 
 
-def _conv_acc(x, L, c, ho, wo):
+def _conv_acc(x, L, c, ho, wo, options=_DEFAULT):
     """GEMM part of a non-depthwise :func:`qconv_int`: ([M, Cout] accumulators without the
     bias, True if they are for uint8 (+128) activations, i.e. need ``rq_u8``)."""
     cout, cig, kh, kw = L.qweight.shape
     n_, h, w, cin = x.shape
     groups = c["groups"]
     m = n_ * ho * wo
-    use_ort = groups[0].use_ort(m)
+    use_ort = groups[0].use_ort(m, options.gemm_engine)
     if use_ort:
         xs = x.view(np.uint8) ^ np.uint8(0x80)  # int8 -> uint8 (+128), a fresh copy
         zpad = np.uint8(L.zx + 128)
@@ -547,40 +534,9 @@ def _conv_acc(x, L, c, ho, wo):
         else:
             sub = win if len(groups) == 1 else win[..., gi * cig:(gi + 1) * cig]
             cols = np.ascontiguousarray(sub).reshape(m, kh * kw * cig)
-        accs.append(prep.ort(m)(cols) if use_ort else prep.matmul_f32(cols))
+        accs.append(prep.ort(m, options.threads)(cols) if use_ort else prep.matmul_f32(cols))
     acc = accs[0] if len(accs) == 1 else np.concatenate(accs, axis=1)
     return acc, use_ort
-
-
-def qconv_int_slow(x, L):
-    """Loop implementation of :func:`qconv_int` with int64 arithmetic (for tests)."""
-    cout, cig, kh, kw = L.qweight.shape
-    n_, h, w, cin = x.shape
-    t, l, b, r = L.pad
-    sh, sw = L.stride
-    dh, dw = L.dilation
-    ho = (h + t + b - (kh - 1) * dh - 1) // sh + 1
-    wo = (w + l + r - (kw - 1) * dw - 1) // sw + 1
-    xp = np.full((n_, h + t + b, w + l + r, cin), L.zx, np.int64)
-    xp[:, t:t + h, l:l + w, :] = x
-    wq = L.qweight.astype(np.int64)
-    cog = cout // L.groups
-    y = np.zeros((n_, ho, wo, cout), np.int8)
-    for bi in range(n_):
-        for oy in range(ho):
-            for ox in range(wo):
-                for co in range(cout):
-                    g = co // cog
-                    acc = int(L.bias[co])
-                    for ci in range(cig):
-                        for i in range(kh):
-                            for j in range(kw):
-                                acc += int(xp[bi, oy * sh + i * dh, ox * sw + j * dw,
-                                              g * cig + ci]) * int(wq[co, ci, i, j])
-                    assert abs(acc) < 2**31
-                    y[bi, oy, ox, co] = requantize(acc, int(L.m[co]), int(L.n[co]), L.zy,
-                                                   L.lo, L.hi)
-    return y
 
 
 # ====================================================================== gemm
@@ -592,42 +548,17 @@ def _gemm_prep(L):
     return c
 
 
-def qgemm_int(x, L):
+def qgemm_int(x, L, options=_DEFAULT):
     """Integer fully connected layer: x int8 [M, K] -> int8 [M, N] (:class:`QGemm`)."""
     c = _gemm_prep(L)
-    acc = int_matmul(np.ascontiguousarray(x), c["prep"])
+    acc = int_matmul(np.ascontiguousarray(x), c["prep"], options)
     return c["rq"](acc)
 
 
-def qgemm_int_slow(x, L):
-    """Loop implementation of :func:`qgemm_int` (int64, literal contract)."""
-    mrows, k = x.shape
-    nout = L.qweight.shape[0]
-    y = np.zeros((mrows, nout), np.int8)
-    w = L.qweight.astype(np.int64)
-    for i in range(mrows):
-        xi = x[i].astype(np.int64)
-        for o in range(nout):
-            acc = int(L.bias[o]) + int(sum(int(a) * int(b) for a, b in zip(xi, w[o])))
-            assert abs(acc) < 2**31
-            y[i, o] = requantize(acc, int(L.m[o]), int(L.n[o]), L.zy, L.lo, L.hi)
-    return y
-
-
 # ====================================================================== pools / eltwise
-def _pool_geom(L, x):
-    kh, kw = L.kernel
-    t, l, b, r = L.pad
-    eb, er = L.extra
-    h, w = x.shape[1] + t + b + eb, x.shape[2] + l + r + er
-    ho = (h - (kh - 1) * L.dilation[0] - 1) // L.stride[0] + 1
-    wo = (w - (kw - 1) * L.dilation[1] - 1) // L.stride[1] + 1
-    return (t, l, b + eb, r + er), ho, wo
-
-
 def qmaxpool_int(x, L):
     """Max pool on int8 channel-last data; padding is -128 (never wins). Exact."""
-    pads, ho, wo = _pool_geom(L, x)
+    pads, ho, wo = pool_geom(L, x)
     xp = pad_nhwc(x, pads, -128)
     win = windows_nhwc(xp, L.kernel[0], L.kernel[1], L.stride, L.dilation, ho, wo)
     y = win[:, :, :, 0, 0, :].copy()
@@ -640,7 +571,7 @@ def qmaxpool_int(x, L):
 
 def qavgpool_int(x, L):
     """Average pool (:class:`QAvgPool`): window sum of (q - zx), per-position requantize."""
-    pads, ho, wo = _pool_geom(L, x)
+    pads, ho, wo = pool_geom(L, x)
     kh, kw = L.kernel
     if L.is_global:
         acc = x.sum(axis=(1, 2), dtype=np.int64)[:, None, None, :] - L.zx * kh * kw
@@ -656,25 +587,6 @@ def qavgpool_int(x, L):
     if "rq" not in L.cache:
         L.cache["rq"] = Requant(L.m[None, :, :, None], L.n[None, :, :, None], L.zy, L.lo, L.hi)
     return L.cache["rq"](acc)
-
-
-def qavgpool_int_slow(x, L):
-    pads, ho, wo = _pool_geom(L, x)
-    t, l = pads[0], pads[1]
-    n_, h, w, c = x.shape
-    y = np.zeros((n_, ho, wo, c), np.int8)
-    for oy in range(ho):
-        for ox in range(wo):
-            acc = np.zeros((n_, c), np.int64)
-            for i in range(L.kernel[0]):
-                for j in range(L.kernel[1]):
-                    yy = oy * L.stride[0] + i * L.dilation[0] - t
-                    xx = ox * L.stride[1] + j * L.dilation[1] - l
-                    if 0 <= yy < h and 0 <= xx < w:
-                        acc += x[:, yy, xx, :].astype(np.int64) - L.zx
-            y[:, oy, ox, :] = requantize(acc, int(L.m[oy, ox]), int(L.n[oy, ox]), L.zy,
-                                         L.lo, L.hi)
-    return y
 
 
 def qeltwise_int(xs, L):
@@ -702,14 +614,6 @@ def qeltwise_int(xs, L):
         else:
             outs.append(c["rqs"][i](np.multiply(x, float(k), dtype=np.float64)))
     return outs
-
-
-def qeltwise_int_slow(xs, L):
-    if L.op == "add":
-        acc = sum((x.astype(np.int64) - int(z)) * int(k) for x, k, z in zip(xs, L.k, L.z))
-        return requantize(acc, L.m, L.n, L.zy, L.lo, L.hi)
-    return [requantize((x.astype(np.int64) - int(z)) * int(k), L.m, L.n, L.zy, L.lo, L.hi)
-            for x, k, z in zip(xs, L.k, L.z)]
 
 
 def qlut_int(x, L):
@@ -753,7 +657,7 @@ class Env:
         return self.v[name]
 
 
-def run_reference(qg, feed_q, observer=None, fast=None):
+def run_reference(qg, feed_q, observer=None, fast=None, options=None):
     """Run the integer network on int8 inputs ``feed_q`` {name: int8 logical array}.
 
     Returns ``{output name: int8 array}`` in the logical (ONNX) layout. ``observer(name,
@@ -761,8 +665,11 @@ def run_reference(qg, feed_q, observer=None, fast=None):
 
     Without an observer the network runs through a compiled :class:`FastPlan` (fused
     channel shuffles, table add/rescale, onnxruntime depthwise convs; bit-identical, see
-    the class docstring); ``fast=False`` (or ``set_fast_plan(False)``) forces the plain
-    layer-by-layer executor."""
+    the class docstring); ``fast=False`` (or ``Options(fast_plan=False)``) forces the plain
+    layer-by-layer executor. ``options``: an :class:`~dnnfab.sw.cpu.options.Options`
+    (default :meth:`Options.from_env() <dnnfab.sw.cpu.options.Options.from_env>`)."""
+    if options is None:
+        options = Options.from_env()
     env = Env(qg)
     for t in qg.inputs:
         x = np.asarray(feed_q[t.name])
@@ -770,26 +677,26 @@ def run_reference(qg, feed_q, observer=None, fast=None):
             raise DnnfabError(f"run_reference needs int8 inputs; got {x.dtype} for {t.name!r}")
         env.put(t.name, x, "lg")
     if fast is None:
-        fast = _FAST_PLAN["on"]
+        fast = options.fast_plan
     if fast and observer is None:
-        fast_plan(qg).run(env)
+        fast_plan(qg, options).run(env)
         return {t.name: env.lg(t.name) for t in qg.outputs}
     for L in qg.layers:
-        run_layer(qg, env, L)
+        run_layer(qg, env, L, options)
         if observer:
             observer(L.output, env.lg(L.output))
     return {t.name: env.lg(t.name) for t in qg.outputs}
 
 
-def run_layer(qg, env, L):
+def run_layer(qg, env, L, options=_DEFAULT):
     """Execute one integer layer, reading/writing tensors in ``env`` (an :class:`Env`)."""
     op = L.op
     if op == "conv":
-        y, lay = qconv_int(env.cl(L.input), L), "cl"
+        y, lay = qconv_int(env.cl(L.input), L, options), "cl"
     elif op == "gemm":
         x = env.lg(L.input)
         shp = x.shape
-        y = qgemm_int(x.reshape(-1, shp[-1]), L).reshape(shp[:-1] + (L.qweight.shape[0],))
+        y = qgemm_int(x.reshape(-1, shp[-1]), L, options).reshape(shp[:-1] + (L.qweight.shape[0],))
         lay = "lg"
     elif op == "maxpool":
         y, lay = qmaxpool_int(env.cl(L.input), L), "cl"
@@ -847,29 +754,20 @@ def _run_qfloat(qg, env, L):
 
 
 # ====================================================================== compiled plan
-_FAST_PLAN = {"on": os.environ.get("DNNFAB_FAST_PLAN", "1") != "0"}
 _U8 = np.uint8
 _BYTE_VALUES = np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.int64)
-
-
-def set_fast_plan(on):
-    """Enable/disable the compiled :class:`FastPlan` executor of :func:`run_reference`
-    (default on; ``DNNFAB_FAST_PLAN=0`` turns it off). Returns the previous setting."""
-    old = _FAST_PLAN["on"]
-    _FAST_PLAN["on"] = bool(on)
-    return old
 
 
 _PLANS = weakref.WeakKeyDictionary()
 
 
-def fast_plan(qg):
-    """The :class:`FastPlan` of ``qg``, built on first use and cached (weakly) per graph;
-    rebuilt when the graph's layer list changes."""
-    key = tuple(id(L) for L in qg.layers)
+def fast_plan(qg, options=_DEFAULT):
+    """The :class:`FastPlan` of ``qg`` for ``options``, built on first use and cached
+    (weakly) per graph; rebuilt when the graph's layer list or the options change."""
+    key = (tuple(id(L) for L in qg.layers), options)
     plan = _PLANS.get(qg)
     if plan is None or plan.key != key:
-        plan = FastPlan(qg)
+        plan = FastPlan(qg, options)
         plan.key = key
         _PLANS[qg] = plan
     return plan
@@ -881,7 +779,7 @@ class _OrtFloatConv:
     and partial sum is an integer of magnitude <= 128 * sum|w[c]| <= 2^24 (checked by the
     caller), so float32 holds each one exactly whatever the summation order or FMA use."""
 
-    def __init__(self, L, shape_cl, channel_first=False, pool=None):
+    def __init__(self, L, shape_cl, channel_first=False, pool=None, threads=None):
         from onnx import TensorProto, helper, numpy_helper
         n_, h, w, c = shape_cl
         cout, _, kh, kw = L.qweight.shape
@@ -914,14 +812,15 @@ class _OrtFloatConv:
                                       perm=[0, 2, 3, 1]))
         self.sess = _ort_session(
             nodes, [helper.make_tensor_value_info("x", TensorProto.INT8, shape_in)],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+            threads or _DEFAULT.threads)
 
     def __call__(self, x):
         return self.sess.run(None, {"x": x})[0]
 
 
 class FastPlan:
-    """Compiled executor of a :class:`~dnnfab.sw.quantize.QuantizedGraph`, bit-identical to
+    """Compiled executor of a :class:`~dnnfab.sw.ir.qgraph.QuantizedGraph`, bit-identical to
     running :func:`run_layer` layer by layer (the tests compare both on randomized zoo
     models). Built once per graph; what it changes:
 
@@ -940,11 +839,15 @@ class FastPlan:
       the two input bytes; **concat / rescale**: a 256-entry table per non-identity input.
       Tables hold exactly what :func:`qeltwise_int_slow` computes for every input code.
 
-    Everything else runs :func:`run_layer`.
+    Everything else runs :func:`run_layer`. ``options`` (:class:`~dnnfab.sw.cpu.options.Options`):
+    the GEMM engine, threads and whether the numba kernels are used.
     """
 
-    def __init__(self, qg):
+    opts = _DEFAULT
+
+    def __init__(self, qg, options=_DEFAULT):
         self.qg = qg
+        self.opts = options
         outputs = {t.name for t in qg.outputs}
         cons = {}
         for L in qg.layers:
@@ -967,9 +870,14 @@ class FastPlan:
             elif L.op == "avgpool":
                 step = self._avgpool_step(L)
             if step is None:
-                step = (lambda env, L=L: run_layer(env.g, env, L))
+                step = (lambda env, L=L: run_layer(env.g, env, L, self.opts))
             self.steps.append(step)
         del self.qg  # the plan is cached weakly per graph: it must not keep the graph alive
+
+    @property
+    def numba(self):
+        """The fused numba kernels are used: on in the options and numba importable."""
+        return self.opts.numba and _K.AVAILABLE
 
     def run(self, env):
         for step in self.steps:
@@ -1003,9 +911,8 @@ class FastPlan:
         perm = np.arange(c).reshape(g, cpg).T.reshape(-1)  # new channel j*g+i <- i*cpg+j
         return perm, (r1, tr, r2)
 
-    @staticmethod
-    def _rq(L, bias, fallback):
-        if _K.AVAILABLE:
+    def _rq(self, L, bias, fallback):
+        if self.numba:
             return RequantK(L.m, L.n, L.zy, L.lo, L.hi, bias)
         r = Requant32(L.m, L.n, L.zy, L.lo, L.hi, bias)
         return r if r.ok else fallback
@@ -1025,7 +932,7 @@ class FastPlan:
         t, l, b, r = L.pad
         ho = (h + t + b - (kh - 1) * L.dilation[0] - 1) // L.stride[0] + 1
         wo = (w + l + r - (kw - 1) * L.dilation[1] - 1) // L.stride[1] + 1
-        if cig == 1 and g > 1 and cout == g and _K.AVAILABLE:
+        if cig == 1 and g > 1 and cout == g and self.numba:
             return self._dw_step(L, (n_, ho, wo, cout))
         if (cig == 1 and g > 1 and cout == g) or (cig <= 4 and kh * kw > 1 and g == 1):
             pool = None
@@ -1043,8 +950,8 @@ class FastPlan:
         out = L.output
         fused = self._shuffle_after(L, cons, outputs)
         if 1 < g and kh == kw == 1 and not any(L.pad) and n_ * ho * wo <= GROUPED_MAX_ROWS \
-                and cig * g == shape_cl[3] and cig <= ORT_MAX_K and _K.AVAILABLE \
-                and _ENGINE["name"] != "numpy" and _ort_available():
+                and cig * g == shape_cl[3] and cig <= ORT_MAX_K and self.numba \
+                and self.opts.gemm_engine != "numpy" and _ort_available():
             return self._grouped_step(L, (n_, ho, wo, cout), fused, cons, outputs, skip)
         if fused is None or g > BLOCK_DIAG_MAX_GROUPS:
             fused = None
@@ -1067,19 +974,19 @@ class FastPlan:
         rq = self._rq(L, L.bias, c["rq"])
         rq_u8 = self._rq(L, c["rq_u8"].bias, c["rq_u8"])
         oshape = (n_, ho, wo, cout)
-        add = self._add_after(L, out, cons, outputs) if _K.AVAILABLE else None
+        add = self._add_after(L, out, cons, outputs) if self.numba else None
         if add is not None:
             skip.add(id(add))
             other, first = (add.inputs[1], True) if add.inputs[0] == out else (add.inputs[0], False)
 
             def step(env):
-                acc, use_ort = _conv_acc(env.cl(L.input), L, c, ho, wo)
+                acc, use_ort = _conv_acc(env.cl(L.input), L, c, ho, wo, self.opts)
                 y = (rq_u8 if use_ort else rq).add(acc, env.cl(other), add, first)
                 env.put(add.output, y.reshape(oshape), "cl")
             return step
 
         def step(env):
-            acc, use_ort = _conv_acc(env.cl(L.input), L, c, ho, wo)
+            acc, use_ort = _conv_acc(env.cl(L.input), L, c, ho, wo, self.opts)
             env.put(out, (rq_u8 if use_ort else rq)(acc).reshape(oshape), "cl")
         return step
 
@@ -1145,7 +1052,7 @@ class FastPlan:
 
     @staticmethod
     def _dw_step(L, oshape):
-        """Depthwise conv with the requantize fused (:func:`dnnfab.sw.kernels.dwconv`)."""
+        """Depthwise conv with the requantize fused (:func:`dnnfab.sw.cpu.kernels.dwconv`)."""
         cout = oshape[-1]
         w = np.ascontiguousarray(L.qweight[:, 0].transpose(1, 2, 0), dtype=np.int32)
         ch = _per_channel(cout, L.bias, L.m, L.n)
@@ -1161,10 +1068,10 @@ class FastPlan:
 
     def _avgpool_step(self, L):
         shape = tuple(self.qg.shape(L.input))
-        if len(shape) != 4 or not _K.AVAILABLE:
+        if len(shape) != 4 or not self.numba:
             return None
         n_, c, h, w = shape
-        pads, ho, wo = _pool_geom(L, np.empty((n_, h, w, c), np.int8))
+        pads, ho, wo = pool_geom(L, np.empty((n_, h, w, c), np.int8))
         m = np.ascontiguousarray(np.broadcast_to(L.m, (ho, wo)), dtype=np.int64)
         nn = np.ascontiguousarray(np.broadcast_to(L.n, (ho, wo)), dtype=np.int64)
         args = (int(L.kernel[0]), int(L.kernel[1]), int(L.stride[0]), int(L.stride[1]),
@@ -1195,7 +1102,7 @@ class FastPlan:
         out = L.output if pool is None else pool.output
 
         def reference(x_cl):
-            y = qconv_int(x_cl, L)
+            y = qconv_int(x_cl, L, self.opts)
             return y if pool is None else qmaxpool_int(y, pool)
 
         def step(env):
@@ -1207,7 +1114,8 @@ class FastPlan:
             if sess == 0:  # first call in this layout: build and verify
                 ref = reference(env.cl(L.input))
                 try:
-                    sess = _OrtFloatConv(L, shape_cl, channel_first=cf, pool=pool)
+                    sess = _OrtFloatConv(L, shape_cl, channel_first=cf, pool=pool,
+                                           threads=self.opts.threads)
                     if not np.array_equal(rq(sess(x)), ref):
                         sess = None
                 except Exception:
@@ -1238,7 +1146,7 @@ class FastPlan:
                 x0, x1, lay = env.cl(a), env.cl(b), "cl"
             else:
                 x0, x1, lay = env.lg(a), env.lg(b), "lg"
-            if _K.AVAILABLE and x0.flags.c_contiguous and x1.flags.c_contiguous:
+            if self.numba and x0.flags.c_contiguous and x1.flags.c_contiguous:
                 y = np.empty(x0.shape, np.int8)
                 _K.lut2(x0.reshape(-1), x1.reshape(-1), table, y.reshape(-1))
             else:
@@ -1275,7 +1183,7 @@ class FastPlan:
             else:
                 xs, lay = [env.lg(t) for t in L.inputs], "lg"
                 axis = L.axis
-            parts = [x if tb is None else _lut1(x, tb) for x, tb in zip(xs, tables)]
+            parts = [x if tb is None else _lut1(x, tb, self.numba) for x, tb in zip(xs, tables)]
             y = parts[0] if op == "rescale" else np.concatenate(parts, axis=axis)
             env.put(out, y, lay)
         return step

@@ -1,7 +1,7 @@
 """ONNX front end: read a model, fold constants, infer static shapes, build the IR.
 
 Entry points: :func:`read_model` (path / bytes / ``ModelProto`` / zoo name -> checked
-``ModelProto``) and :func:`import_onnx` (``ModelProto`` -> :class:`~dnnfab.sw.ir.Graph`).
+``ModelProto``) and :func:`import_onnx` (``ModelProto`` -> :class:`~dnnfab.sw.ir.graph.Graph`).
 
 How a model is imported
 -----------------------
@@ -14,14 +14,14 @@ How a model is imported
    ``ConstantOfShape`` weights of the light zoo, ``DequantizeLinear`` of int8 weights,
    ``Shape -> Gather -> Concat -> Reshape`` chains of Keras/tf2onnx exports and transposed
    weights into plain arrays. ``Shape`` of an activation folds too: all shapes are static.
-3. **Lowering** each remaining node to the canonical IR ops (:mod:`dnnfab.sw.ir`):
+3. **Lowering** each remaining node to the canonical IR ops (:mod:`dnnfab.sw.ir.graph`):
    Conv/Gemm/MatMul with constant weights, pools, Add/Sum, Concat, ReLU/Clip, layout ops
    (Flatten/Reshape/Squeeze/Unsqueeze -> ``reshape``; Transpose), ``Identity``/``Dropout``
    removed. BatchNormalization and Mul/Add/Sub/Div by a per-channel (or scalar) constant
    become a per-channel *affine* ``y = a[c] * x + b[c]``. A QuantizeLinear/DequantizeLinear
    pair on an activation becomes a ``qdq`` layer carrying the model's own scale and zero
    point (uint8 is mapped to int8 by subtracting 128 from the codes and the zero point).
-   Other ops with a numpy implementation (:data:`dnnfab.sw.ir.FLOAT_OPS`) become ``float``
+   Other ops with a numpy implementation (:data:`dnnfab.sw.ir.graph.FLOAT_OPS`) become ``float``
    layers run on the CPU; anything else raises :class:`UnsupportedOpError` naming the node.
 4. **Passes.** (a) chains of affines merge; (b) an affine right after a conv/gemm whose
    output has no other reader folds into its weights and bias (this is the BN fold, and the
@@ -42,8 +42,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import ModelError, UnsupportedOpError
-from .ir import (BINARY_OPS, FLOAT_OPS, INF, UNARY_OPS, Graph, Layer, TensorInfo,
+from ...errors import ModelError, UnsupportedOpError
+from ..ir.graph import (BINARY_OPS, FLOAT_OPS, INF, UNARY_OPS, Graph, Layer, TensorInfo,
                  auto_pads, conv_out_hw, pool_out_size, run_float_layer)
 
 #: Ops removed on import.
@@ -99,7 +99,7 @@ def _load_external(model, path):
 
 def _from_zoo(name):
     try:
-        from .. import models
+        from ... import models
     except ImportError:
         models = None
     loader = getattr(models, "load_model", None) if models else None
@@ -128,7 +128,7 @@ def _check_model(model, origin):
 
 # ====================================================================== import
 def import_onnx(model, batch=1, input_shapes=None, name=None):
-    """Convert a ``ModelProto`` into a float :class:`~dnnfab.sw.ir.Graph` (see module doc)."""
+    """Convert a ``ModelProto`` into a float :class:`~dnnfab.sw.ir.graph.Graph` (see module doc)."""
     imp = _Importer(model, batch, input_shapes or {})
     graph = imp.build(name or model.graph.name or "model")
     _passes(graph)

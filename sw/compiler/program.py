@@ -1,6 +1,6 @@
 """Program builder: one conv2d / GEMM layer -> accelerator instruction stream + DRAM images.
 
-This is the core of the compiler. Given a :class:`~dnnfab.sw.layer.ConvLayer` and an
+This is the core of the compiler. Given a :class:`~dnnfab.sw.compiler.layer.ConvLayer` and an
 :class:`~dnnfab.hw.config.AcceleratorConfig` it decides
 
 * the DRAM layout: activations NHWC with channels padded to ``max(R, C, bus bytes)``
@@ -23,9 +23,11 @@ import math
 
 import numpy as np
 
-from ..errors import DnnfabError, ModelError
-from ..hw.config import AcceleratorConfig
-from ..hw.isa import Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES
+from ...errors import DnnfabError, ModelError
+from ...hw.config import AcceleratorConfig
+from ...hw.spec import (Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES, AUX_DTYPE,
+                       AUX_LANE_BYTES, MAX_KERNEL, MAX_STRIDE, MAX_PAD, MAX_SIDE, MAX_CBP, MAX_OUT_BLOCKS,
+                       MAX_K_TILES, MAX_ROW_BEATS)
 from .layer import ConvLayer
 
 __all__ = ["LayerProgram", "compile_layer", "assign_tokens", "UnsupportedLayerError"]
@@ -35,6 +37,15 @@ ALIGN = 4096
 
 class UnsupportedLayerError(DnnfabError, ValueError):
     """The layer cannot be mapped onto this accelerator configuration."""
+
+
+def _rows_of(beats):
+    """Rows ``n1`` of a DMA transfer of ``beats`` bus beats: a row holds at most
+    MAX_ROW_BEATS (65535) beats, so split evenly into the fewest rows that fit."""
+    n1 = 1
+    while beats // n1 > MAX_ROW_BEATS or beats % n1:
+        n1 += 1
+    return n1
 
 
 def _ru(x, a):
@@ -144,18 +155,20 @@ def compile_layer(layer: ConvLayer, cfg: AcceleratorConfig, base_addr=0) -> Laye
             raise UnsupportedLayerError(f"layer {name}: {msg}")
 
     need(oh_all >= 1 and ow >= 1, f"output size {oh_all}x{ow} is empty; check padding and stride")
-    need(kh <= 15 and kw <= 15, f"kernel {kh}x{kw} exceeds 15x15; split it or run the layer on the CPU")
-    need(sh <= 7 and sw <= 7 and dh <= 7 and dw <= 7, "stride and dilation must be at most 7")
-    need(max(pt, pl) <= 15, "padding must be at most 15")
-    need(h <= 4095 and w <= 4095 and ow <= 4095, "feature maps must be at most 4095 pixels on a side")
+    need(kh <= MAX_KERNEL and kw <= MAX_KERNEL,
+         f"kernel {kh}x{kw} exceeds {MAX_KERNEL}x{MAX_KERNEL}; split it or run the layer on the CPU")
+    need(max(sh, sw, dh, dw) <= MAX_STRIDE, f"stride and dilation must be at most {MAX_STRIDE}")
+    need(max(pt, pl) <= MAX_PAD, f"padding must be at most {MAX_PAD}")
+    need(max(h, w, ow) <= MAX_SIDE, f"feature maps must be at most {MAX_SIDE} pixels on a side")
 
     in_cp = _ru(cin, max(R, C, bus))
     out_cp = _ru(cout, max(R, C, bus))
     cbp = in_cp // R
     cb_total = -(-cin // R)
     mt_n = -(-cout // C)
-    need(cbp <= 1023, f"{cin} input channels exceed the 1023 R-blocks an instruction can address")
-    need(out_cp // C <= 255, f"{cout} output channels exceed 255 C-blocks per pixel; use a config with more columns")
+    need(cbp <= MAX_CBP, f"{cin} input channels exceed the {MAX_CBP} R-blocks an instruction can address")
+    need(out_cp // C <= MAX_OUT_BLOCKS, f"{cout} output channels exceed {MAX_OUT_BLOCKS} C-blocks per pixel; "
+                                         "use a config with more columns")
 
     act_bytes = cfg.act_kib * 1024
     wgt_bytes = cfg.wgt_kib * 1024
@@ -169,11 +182,11 @@ def compile_layer(layer: ConvLayer, cfg: AcceleratorConfig, base_addr=0) -> Laye
     need(per_cb <= max_block, f"one weight block of {kh}x{kw}x{R}x{C} bytes does not fit half of the "
                               f"{cfg.wgt_kib} KiB weight scratchpad; increase wgt_kib")
     cbc = max(1, min(cb_total, max_block // per_cb))
-    need(kh * kw * cbc <= (1 << 14) - 1, "too many K tiles in one instruction")
+    need(kh * kw * cbc <= MAX_K_TILES, "too many K tiles in one instruction")
     chunks = [(c0, min(cb_total, c0 + cbc)) for c0 in range(0, cb_total, cbc)]
     slot_w = _ru(per_cb * cbc, max(bus, C))
     n_wslots = wgt_bytes // slot_w
-    slot_aux = _ru(C * 8, bus)
+    slot_aux = _ru(C * AUX_LANE_BYTES, bus)
     n_auxslots = aux_bytes // slot_aux
     need(n_auxslots >= 2, f"aux scratchpad ({cfg.aux_kib} KiB) holds fewer than two {slot_aux}-byte slots")
 
@@ -196,7 +209,7 @@ def compile_layer(layer: ConvLayer, cfg: AcceleratorConfig, base_addr=0) -> Laye
         bh, act_slot, out_slot, n_act, n_out = oh_all, act_bytes, out_bytes, 1, 1
     else:
         bh = 0
-        for rows in range(min(oh_all, 4095), 0, -1):
+        for rows in range(min(oh_all, MAX_SIDE), 0, -1):
             if fits(rows, act_bytes // 2, out_bytes // 2):
                 bh = rows
                 break
@@ -235,7 +248,7 @@ def compile_layer(layer: ConvLayer, cfg: AcceleratorConfig, base_addr=0) -> Laye
             wimg += raw
     aimg = bytearray()
     for mt in range(mt_n):
-        lane = np.zeros(C, dtype=[("bias", "<i4"), ("m", "<u2"), ("n", "u1"), ("rsv", "u1")])
+        lane = np.zeros(C, dtype=AUX_DTYPE)
         sl = slice(mt * C, min(cout, (mt + 1) * C))
         k = sl.stop - sl.start
         lane["bias"][:k] = layer.bias[sl]
@@ -263,10 +276,7 @@ def compile_layer(layer: ConvLayer, cfg: AcceleratorConfig, base_addr=0) -> Laye
 
     def load(addr, nbytes, sp_byte, unit, target, slot_key):
         beats = nbytes // bus
-        # a row may hold at most 65535 beats; split evenly into n1 rows
-        n1 = 1
-        while beats // n1 > 65535 or beats % n1:
-            n1 += 1
+        n1 = _rows_of(beats)
         ins = Load(addr=addr, len0=beats // n1, n1=n1, stride1=(beats // n1) * bus,
                    sp_addr=sp_byte // bus, target=target)
         return emit(_Op("load", ins, {"c2l": last_reader.get(slot_key)}))
@@ -290,7 +300,7 @@ def compile_layer(layer: ConvLayer, cfg: AcceleratorConfig, base_addr=0) -> Laye
         ws = j % n_wslots
         a = j % n_auxslots
         i1 = load(regions["weights"][0] + off, size, ws * slot_w, C, TARGET_WGT, ("wgt", ws))
-        i2 = load(regions["aux"][0] + mt * slot_aux, slot_aux, a * slot_aux, C * 8, TARGET_AUX, ("aux", a))
+        i2 = load(regions["aux"][0] + mt * slot_aux, slot_aux, a * slot_aux, C * AUX_LANE_BYTES, TARGET_AUX, ("aux", a))
         wl[j] = (i1, i2)
 
     load_act(0)
@@ -305,13 +315,13 @@ def compile_layer(layer: ConvLayer, cfg: AcceleratorConfig, base_addr=0) -> Laye
             a_base=(aslot * act_slot) // R + c0,
             w_base=((j % n_wslots) * slot_w) // C,
             acc_base=0,
-            aux_addr=((j % n_auxslots) * slot_aux) // (C * 8),
+            aux_addr=((j % n_auxslots) * slot_aux) // (C * AUX_LANE_BYTES),
             out_base=(oslot * out_slot) // C + mt,
             out_stride=out_cp // C,
             oh_n=rows, ow_n=ow, kh_n=kh, kw_n=kw, cb_n=c1 - c0,
             hin=r1 - r0, win=w, cbp=cbp, sh=sh, sw=sw, dh=dh, dw=dw,
             pt=r0 - (oh0 * sh - pt), pl=pl, zx=layer.zx, zy=layer.zy, lo=layer.lo, hi=layer.hi)
-        assert 0 <= ins.pt <= 15
+        assert 0 <= ins.pt <= MAX_PAD
         needs = {"l2c": max(act_loads[bi], *wl[j]), "s2c": last_store_of_out.get(oslot)}
         ci_idx = emit(_Op("compute", ins, needs))
         computes.append(ins)
@@ -328,9 +338,7 @@ def compile_layer(layer: ConvLayer, cfg: AcceleratorConfig, base_addr=0) -> Laye
         if j + 1 == len(plan) or plan[j + 1][0] != bi:
             nbytes = rows * ow * out_cp
             beats = nbytes // bus
-            n1 = 1
-            while beats // n1 > 65535 or beats % n1:
-                n1 += 1
+            n1 = _rows_of(beats)
             st = Store(addr=regions["output"][0] + oh0 * ow * out_cp, len0=beats // n1, n1=n1,
                        stride1=(beats // n1) * bus, sp_addr=(oslot * out_slot) // bus)
             last_store_of_out[oslot] = emit(_Op("store", st, {"c2s": ci_idx}))

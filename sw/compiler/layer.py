@@ -7,15 +7,15 @@ zero points and the clamp bounds of the fused activation. A GEMM is the 1x1 conv
 on a 1 x N "image" (see :meth:`ConvLayer.gemm`).
 
 :meth:`ConvLayer.reference` is the straightforward numpy implementation used to check the
-hardware bit for bit; ``dnnfab.sw.reference`` (the network-level golden model) must agree
+hardware bit for bit; ``dnnfab.sw.cpu.reference`` (the network-level golden model) must agree
 with it (tested).
 """
 
 from dataclasses import dataclass, field
 import numpy as np
 
-from ..errors import ModelError
-from .quantize import requantize   # the contract's requantization, shared with the reference
+from ...errors import ModelError
+from ..ir.qgraph import requantize   # the contract's requantization, shared with the reference
 
 __all__ = ["ConvLayer", "requantize", "random_layer"]
 

@@ -1,7 +1,7 @@
 """The float graph IR: a list of layers with static shapes, and its numpy semantics.
 
-The front end (:mod:`dnnfab.sw.frontend`) turns an ONNX model into a :class:`Graph`;
-the quantizer (:mod:`dnnfab.sw.quantize`) turns a :class:`Graph` into integer layers.
+The front end (:mod:`dnnfab.sw.frontend.onnx_import`) turns an ONNX model into a :class:`Graph`;
+the quantizer (:mod:`dnnfab.sw.quant.ptq`) turns a :class:`Graph` into integer layers.
 
 Design
 ------
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, UnsupportedOpError
+from ...errors import InputError, UnsupportedOpError
 
 INF = float("inf")
 
@@ -463,7 +463,7 @@ def _reduce(fn):
 
 
 #: Element-wise unary float ops: name -> fn(x, attrs). Quantized as 256-entry lookup
-#: tables (exact float evaluation of every int8 code), see :mod:`dnnfab.sw.quantize`.
+#: tables (exact float evaluation of every int8 code), see :mod:`dnnfab.sw.quant.ptq`.
 UNARY_OPS = {
     "Sigmoid": lambda x, a: 1.0 / (1.0 + np.exp(-x)),
     "Tanh": lambda x, a: np.tanh(x),

@@ -10,16 +10,44 @@
 
 from __future__ import annotations
 
-from .frontend import import_onnx, read_model
-from .ir import Graph
-from .quantize import QuantizedGraph, quantize_graph
-from ..errors import InputError as _InputError
+from ..frontend.onnx_import import import_onnx, read_model
+from ..ir.graph import Graph
+from ..ir.qgraph import QuantizedGraph, dequantize_tensor
+from ..quant.ptq import quantize_graph
+from .network import check_finite
 
-__all__ = ["load", "quantize", "Graph", "QuantizedGraph"]
+__all__ = ["load", "quantize", "Graph", "QuantizedGraph", "QuantizedNetwork"]
+
+
+class QuantizedNetwork(QuantizedGraph):
+    """The int8 network :func:`quantize` returns: the data of
+    :class:`~dnnfab.sw.ir.qgraph.QuantizedGraph` plus its executors.
+
+    ``run(feed)`` quantizes the float inputs, executes the integer reference
+    (:func:`dnnfab.sw.cpu.reference.run_reference`) and returns dequantized float outputs
+    named as in the ONNX model. ``run_int`` returns the int8 output codes instead.
+    ``options``: an :class:`~dnnfab.sw.cpu.options.Options` (default: the environment's).
+    """
+
+    def run_int(self, feed, observer=None, options=None):
+        """Integer outputs (int8 codes) for float inputs ``feed``."""
+        from ..cpu.reference import run_reference
+        return run_reference(self, self.quantize_inputs(feed), observer=observer, options=options)
+
+    def run(self, feed, observer=None, options=None):
+        """Dequantized float outputs, named as in the ONNX model."""
+        qout = self.run_int(feed, observer=observer, options=options)
+        return {k: dequantize_tensor(v, self.qtensors[k].scale, self.qtensors[k].zero_point)
+                for k, v in qout.items()}
+
+    def export(self, path=None):
+        """QDQ ONNX model of this network (see :mod:`dnnfab.sw.frontend.export`)."""
+        from ..frontend.export import export_qdq
+        return export_qdq(self, path)
 
 
 def load(model, batch=1, input_shapes=None, name=None):
-    """Import an ONNX model into a float :class:`~dnnfab.sw.ir.Graph`.
+    """Import an ONNX model into a float :class:`~dnnfab.sw.ir.graph.Graph`.
 
     model: path to an ``.onnx`` file, its bytes, an ``onnx.ModelProto`` or the name of a
     bundled zoo model (``dnnfab models``). batch: value for a dynamic batch dimension.
@@ -40,7 +68,7 @@ def check_model_path(model):
     ``.onnx`` file or a directory) that does not exist, rather than treating it as a zoo
     name; a directory is not a model either."""
     import os
-    from ..errors import ModelError
+    from ...errors import ModelError
     if not isinstance(model, (str, os.PathLike)):
         return
     path = os.fspath(model)
@@ -54,14 +82,14 @@ def check_model_path(model):
 
 
 def quantize(graph, calibration=None, method="minmax", percentile=99.99, reduce_range=False):
-    """Post-training int8 quantization; see :func:`dnnfab.sw.quantize.quantize_graph`.
+    """Post-training int8 quantization; see :func:`dnnfab.sw.quant.ptq.quantize_graph`.
     ``reduce_range=True``: 7-bit weights, so onnxruntime's optimized session runs the
     exported QDQ model exactly also on x86 CPUs without VNNI (docs/frontend.md)."""
     if not isinstance(graph, Graph):
         graph = load(graph)
     _check_finite_calibration(graph, calibration)
     return quantize_graph(graph, calibration=calibration, method=method, percentile=percentile,
-                          reduce_range=reduce_range)
+                          reduce_range=reduce_range, graph_class=QuantizedNetwork)
 
 
 def _check_finite_calibration(graph, calibration):
@@ -73,18 +101,3 @@ def _check_finite_calibration(graph, calibration):
     elif isinstance(calibration, dict):
         check_finite({k: v for k, v in calibration.items() if isinstance(v, np.ndarray)},
                      what="calibration input")
-
-
-def check_finite(feed, what="input"):
-    """Raise :class:`~dnnfab.errors.InputError` if an array of ``feed`` ({name: array})
-    holds NaN or inf."""
-    import numpy as np
-    for name, x in feed.items():
-        x = np.asarray(x)
-        if x.dtype.kind in "fc":
-            bad = ~np.isfinite(x)
-            if bad.any():
-                first = tuple(int(i) for i in np.argwhere(bad)[0])
-                raise _InputError(f"{what} {name!r} holds {int(bad.sum())} NaN/inf value(s) "
-                                  f"(first at index {first}); int8 quantization needs finite "
-                                  "numbers: clean the data (e.g. np.nan_to_num) first")

@@ -1,4 +1,4 @@
-"""Export a :class:`~dnnfab.sw.quantize.QuantizedGraph` as a QDQ ONNX model.
+"""Export a :class:`~dnnfab.sw.ir.qgraph.QuantizedGraph` as a QDQ ONNX model.
 
 Every activation tensor ``t`` appears as ``t__q`` (int8, the codes) =
 ``QuantizeLinear(producer output)`` followed by ``t`` = ``DequantizeLinear(t__q)``, so
@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..errors import ModelError
+from ...errors import ModelError
 
 OPSET = 13
 

@@ -1,11 +1,10 @@
-"""Fast model of the accelerator: bit-exact execution plus an analytical cycle count.
+"""The fabric's timing and token model, what the compiler needs to know a program runs.
 
-The model backend of the driver. It executes the same instruction stream the hardware
-runs, on numpy copies of DRAM and the scratchpads, with the same integer arithmetic
-(int32 wrap-around accumulators, the contract's requantization), so its DRAM result is
-bit-identical to the RTL's. Timing comes from an event model of the three decoupled
-engines and their dependency tokens (:func:`estimate_cycles`), whose constants are the
-hardware's pipeline latencies; tests compare it against RTL-measured cycles per layer.
+Timing comes from an event model of the three decoupled engines and their dependency
+tokens (:func:`estimate_cycles`), whose constants are the hardware's pipeline latencies
+(:mod:`dnnfab.hw.spec`, plus the calibrated ones below); tests compare it against
+RTL-measured cycles per layer. The bit-exact executor of the same programs, the driver's
+model backend, is :class:`dnnfab.sw.driver.fastmodel.FastModel`.
 
 Before anything runs, :func:`check_tokens` plays the program through a model of the
 controller's dispatcher, queues and token counters (:class:`TokenMachine`), with the RTL's
@@ -17,17 +16,11 @@ timing models then follow an order the hardware could take.
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
+from ...errors import FabricError, FabricDeadlock
+from ...hw.spec import (Load, Store, Compute, INSN_BYTES, array_latency, min_tile_rows, RQ_LATENCY, QUEUE_DEPTH, FETCH_CHUNK,
+                        START_LATENCY, FETCH_LATENCY, TOKEN_BITS)
 
-from ..errors import FabricError, FabricDeadlock
-from ..hw.config import AcceleratorConfig
-from ..hw.isa import Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX, INSN_BYTES, decode
-from ..hw.systolic import latency as array_latency, min_tile_rows
-from ..hw.postproc import LATENCY as RQ_LATENCY
-from ..hw.controller import QUEUE_DEPTH, FETCH_CHUNK
-from .quantize import requantize
-
-__all__ = ["FastModel", "estimate_cycles", "CycleReport", "check_tokens", "TokenReport",
+__all__ = ["estimate_cycles", "CycleReport", "check_tokens", "TokenReport",
            "TokenMachine", "QUEUE_CAPACITY", "TOKEN_BITS", "TOKEN_MAX", "ENGINES", "CHANNELS"]
 
 
@@ -45,7 +38,7 @@ def _wrap32(x):
 #: without needing any more; one for the same engine behind those 9 waits in the
 #: dispatcher's instruction register and blocks dispatch of everything after it.
 QUEUE_CAPACITY = QUEUE_DEPTH + 1
-TOKEN_BITS = 8             # ``_TokenCounter.count`` (hw/controller.py)
+# TOKEN_BITS: ``_TokenCounter.count`` (hw/controller.py), from hw/spec.py
 TOKEN_MAX = (1 << TOKEN_BITS) - 1
 
 ENGINES = ("LOAD", "COMPUTE", "STORE")
@@ -243,149 +236,6 @@ def check_tokens(insns, capacity=QUEUE_CAPACITY, halt_at_end=False) -> TokenRepo
     return main
 
 
-class FastModel:
-    """Executes programs on a model of the fabric (DRAM is a bytearray)."""
-
-    def __init__(self, cfg: AcceleratorConfig, dram_bytes=1 << 24):
-        self.cfg = cfg
-        self.dram = bytearray(dram_bytes)
-        self.sp = {
-            TARGET_ACT: bytearray(cfg.act_kib * 1024),
-            TARGET_WGT: bytearray(cfg.wgt_kib * 1024),
-            TARGET_AUX: bytearray(cfg.aux_kib * 1024),
-            "out": bytearray(cfg.out_kib * 1024),
-        }
-        self.acc = np.zeros((cfg.sp_depth("acc_kib"), cfg.cols), np.int64)
-        self.counters = dict(macs=0, dma_rd_bytes=0, dma_wr_bytes=0, insns=0, array_beats=0)
-
-    # -- memory helpers -------------------------------------------------------------
-    def write(self, addr, data):
-        if addr + len(data) > len(self.dram):
-            raise FabricError(f"DRAM write at {addr:#x}+{len(data)} is beyond the model's "
-                              f"{len(self.dram)} bytes")
-        self.dram[addr:addr + len(data)] = data
-
-    def read(self, addr, n):
-        return bytes(self.dram[addr:addr + n])
-
-    def _sp_check(self, buf, off, n, what):
-        if off < 0 or off + n > len(buf):
-            raise FabricError(f"{what}: scratchpad address out of range (error 4)")
-
-    # -- execution --------------------------------------------------------------------
-    def run_program(self, base, count):
-        """Run ``count`` instructions from DRAM address ``base``, as the controller would.
-
-        The program is first played through the token machine (:func:`check_tokens`): a
-        program that would hang the hardware raises :class:`~dnnfab.errors.FabricDeadlock`
-        and changes nothing. Then the instructions execute in the machine's take order
-        (each engine in program order, interleaved as the tokens allow). An illegal
-        instruction stops dispatch (error 3) once every instruction before it has been
-        dispatched; what was taken by then has executed.
-        """
-        raw = self.read(base, count * INSN_BYTES)
-        insns = []
-        bad = None
-        for i in range(count):
-            word = int.from_bytes(raw[i * INSN_BYTES:(i + 1) * INSN_BYTES], "little")
-            try:
-                insns.append(decode(word))
-            except ValueError:
-                bad = i
-                break
-        rep = check_tokens(insns, halt_at_end=bad is not None)
-        for i in rep.order:
-            self.execute(insns[i])
-        if bad is not None:
-            raise FabricError(f"illegal instruction at {base + bad * INSN_BYTES:#x} (error 3)")
-
-    def execute(self, insn):
-        self.counters["insns"] += 1
-        bus = self.cfg.bus_bytes
-        if isinstance(insn, (Load, Store)):
-            load = isinstance(insn, Load)
-            sp = self.sp[insn.target] if load else self.sp["out"]
-            off = insn.sp_addr * bus
-            n = insn.len0 * bus
-            for i2 in range(insn.n2):
-                for i1 in range(insn.n1):
-                    a = insn.addr + i2 * insn.stride2 + i1 * insn.stride1
-                    self._sp_check(sp, off, n, "LOAD" if load else "STORE")
-                    if load:
-                        sp[off:off + n] = self.dram[a:a + n]
-                    else:
-                        self.dram[a:a + n] = sp[off:off + n]
-                    off += n
-            self.counters["dma_rd_bytes" if load else "dma_wr_bytes"] += insn.beats * bus
-        elif isinstance(insn, Compute):
-            self._compute(insn)
-        else:
-            raise FabricError(f"illegal instruction {insn!r} (error 3)")
-
-    def _compute(self, c: Compute):
-        cfg = self.cfg
-        R, C = cfg.rows, cfg.cols
-        act = np.frombuffer(self.sp[TARGET_ACT], np.int8).reshape(-1, R)
-        wgt = np.frombuffer(self.sp[TARGET_WGT], np.int8).reshape(-1, C)
-        aux = np.frombuffer(self.sp[TARGET_AUX], dtype=[("bias", "<i4"), ("m", "<u2"), ("n", "u1"),
-                                                         ("rsv", "u1")]).reshape(-1, C)
-        out = np.frombuffer(self.sp["out"], np.int8).reshape(-1, C).copy()
-        P = c.oh_n * c.ow_n
-        oh, ow = np.meshgrid(np.arange(c.oh_n), np.arange(c.ow_n), indexing="ij")
-        oh, ow = oh.ravel(), ow.ravel()
-        if c.acc_base + P > self.acc.shape[0]:
-            raise FabricError("COMPUTE: accumulator address out of range (error 4)")
-        acc = self.acc[c.acc_base:c.acc_base + P].copy()
-        row_stride = c.win * c.cbp
-        kt = 0
-        for kh in range(c.kh_n):
-            for kw in range(c.kw_n):
-                for cb in range(c.cb_n):
-                    ih = oh * c.sh + kh * c.dh - c.pt
-                    iw = ow * c.sw + kw * c.dw - c.pl
-                    inside = (ih >= 0) & (ih < c.hin) & (iw >= 0) & (iw < c.win)
-                    addr = c.a_base + ih * row_stride + iw * c.cbp + cb
-                    if np.any(inside & ((addr < 0) | (addr >= act.shape[0]))):
-                        raise FabricError("COMPUTE: activation address out of range (error 4)")
-                    a = np.full((P, R), c.zx, np.int64)
-                    a[inside] = act[addr[inside]]
-                    wrow = c.w_base + kt * R
-                    if wrow + R > wgt.shape[0]:
-                        raise FabricError("COMPUTE: weight address out of range (error 4)")
-                    psum = a @ wgt[wrow:wrow + R].astype(np.int64)
-                    if kt == 0 and c.acc_init:
-                        if c.aux_addr >= aux.shape[0]:
-                            raise FabricError("COMPUTE: aux address out of range (error 4)")
-                        acc = aux[c.aux_addr]["bias"].astype(np.int64)[None, :] + psum
-                    else:
-                        acc = acc + psum
-                    acc = _wrap32(acc)
-                    kt += 1
-        self.counters["array_beats"] += kt * P
-        self.counters["macs"] += kt * P * R * C
-        if c.finalize:
-            lane = aux[c.aux_addr]
-            y = requantize(acc, lane["m"], lane["n"], c.zy, c.lo, c.hi)
-            idx = c.out_base + np.arange(P) * c.out_stride
-            if idx.max() >= out.shape[0]:
-                raise FabricError("COMPUTE: output address out of range (error 4)")
-            out[idx] = y
-            self.sp["out"][:] = out.tobytes()
-        else:
-            self.acc[c.acc_base:c.acc_base + P] = acc
-
-    # -- convenience ------------------------------------------------------------------
-    def run_layer(self, prog, x):
-        """Run a :class:`~dnnfab.sw.program.LayerProgram` on input ``x`` (int8 NHWC)."""
-        if prog.dram_size > len(self.dram):
-            self.dram.extend(bytes(prog.dram_size - len(self.dram)))
-        for addr, blob in prog.dram_images(x):
-            self.write(addr, blob)
-        self.run_program(prog.regions["program"][0], len(prog.insns))
-        addr, size = prog.regions["output"]
-        return prog.unpack_output(self.read(addr, size))
-
-
 @dataclass
 class CycleReport:
     cycles: int
@@ -400,8 +250,8 @@ class CycleReport:
 
 # Pipeline constants of the RTL (cycles); calibrated against RTL measurements in the
 # tests (tests/cosim/test_accel_layers.py asserts the estimate within a tolerance).
-START_LATENCY = 8          # CTRL write -> first fetch request (registered CSR write, start, fetch decision + rd_cmd)
-FETCH_LATENCY = 14         # read command -> instructions in the queue (incl. the DMA's registered initial state)
+# START_LATENCY (CTRL write -> first fetch request) and FETCH_LATENCY (read command ->
+# instructions in the queue) come from hw/spec.py.
 # Read-channel effects measured on the RTL (tests/cosim/test_fuzz_rtl.py, scripts/fuzz_rtl.py
 # records; per-cycle traces of the controller's selections): only the second instruction
 # chunk, requested right behind the first, delays the loads (later chunks slip into gaps);

@@ -1,8 +1,8 @@
 """Runtime: run a quantized network with conv/GEMM layers offloaded to the fabric.
 
-:func:`run_network` walks the layers of a :class:`~dnnfab.sw.quantize.QuantizedGraph` in
+:func:`run_network` walks the layers of a :class:`~dnnfab.sw.ir.qgraph.QuantizedGraph` in
 order. Every layer the accelerator implements (dense conv2d/conv1d with ``groups == 1``,
-GEMM) is compiled with :func:`dnnfab.sw.program.compile_layer` and executed on a fabric
+GEMM) is compiled with :func:`dnnfab.sw.compiler.program.compile_layer` and executed on a fabric
 backend; everything else runs on the CPU through the integer reference. The backends
 compute the same integers (docs/contract.md), so the network output is bit-identical to
 ``QuantizedGraph.run_int`` — :func:`run_network` checks that when asked.
@@ -11,11 +11,11 @@ Where a layer runs, and why not on the fabric, is decided in one place:
 :func:`place_layer` (one layer) / :func:`plan_network` (every layer). It takes a quantized
 layer or a float IR layer (``dnnfab inspect`` shows the float graph before quantization)
 and an accelerator configuration; a conv or GEMM goes to the fabric exactly when
-:func:`~dnnfab.sw.program.compile_layer` can map it, otherwise the placement carries the
+:func:`~dnnfab.sw.compiler.program.compile_layer` can map it, otherwise the placement carries the
 compiler's reason (e.g. ``2048 output channels exceed 255 C-blocks per pixel; use a
 config with more columns``). ``dnnfab inspect`` and ``dnnfab run`` both print it.
 
-Backends: ``"model"`` (:class:`~dnnfab.sw.fastmodel.FastModel`: bit-exact execution of the
+Backends: ``"model"`` (:class:`~dnnfab.sw.driver.fastmodel.FastModel`: bit-exact execution of the
 instruction stream plus the analytical cycle count). A fabric fault (:class:`FabricError`)
 on a layer is reported in the result and, with ``fallback=True`` (default), that layer is
 finished on the CPU so the inference completes.
@@ -26,12 +26,15 @@ import time
 
 import numpy as np
 
-from ..errors import FabricError, DnnfabError, ConfigError
-from ..hw.config import AcceleratorConfig
-from .layer import ConvLayer
-from .program import compile_layer, UnsupportedLayerError, LayerProgram
-from .fastmodel import FastModel, estimate_cycles
-from .api import check_finite
+from ...errors import FabricError, DnnfabError, ConfigError
+from ...hw.config import AcceleratorConfig
+from ..compiler.layer import ConvLayer
+from ..compiler.program import compile_layer, UnsupportedLayerError, LayerProgram
+from ..compiler.fastmodel import estimate_cycles
+from ..driver.fastmodel import FastModel
+from ..cpu.options import Options
+from ..ir.graph import Layer
+from ...errors import InputError as _InputError
 
 __all__ = ["LayerRecord", "NetworkResult", "Placement", "FABRIC_OPS", "to_conv_layer",
            "op_label", "place_layer", "plan_network", "check_run_config", "check_finite",
@@ -90,6 +93,20 @@ class NetworkResult:
                 "layers": [r.__dict__ for r in self.layers]}
 
 
+def check_finite(feed, what="input"):
+    """Raise :class:`~dnnfab.errors.InputError` if an array of ``feed`` ({name: array})
+    holds NaN or inf."""
+    for name, x in feed.items():
+        x = np.asarray(x)
+        if x.dtype.kind in "fc":
+            bad = ~np.isfinite(x)
+            if bad.any():
+                first = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise _InputError(f"{what} {name!r} holds {int(bad.sum())} NaN/inf value(s) "
+                                  f"(first at index {first}); int8 quantization needs finite "
+                                  "numbers: clean the data (e.g. np.nan_to_num) first")
+
+
 def to_conv_layer(L, in_shape):
     """The accelerator's view of a QConv/QGemm, or None if it cannot run on the fabric.
 
@@ -133,7 +150,6 @@ class Placement:
 
 
 def _is_float_layer(L):
-    from .ir import Layer
     return isinstance(L, Layer)
 
 
@@ -178,9 +194,9 @@ def _strip_name(msg, name):
 def place_layer(L, in_shape, cfg: AcceleratorConfig = None) -> Placement:
     """Where layer ``L`` runs on an accelerator ``cfg`` and why not on the fabric.
 
-    ``L`` is a layer of a :class:`~dnnfab.sw.quantize.QuantizedGraph` or of a float
-    :class:`~dnnfab.sw.ir.Graph`; ``in_shape`` its (logical, ONNX) input shape. A conv or
-    GEMM is on the fabric exactly when :func:`~dnnfab.sw.program.compile_layer` maps it
+    ``L`` is a layer of a :class:`~dnnfab.sw.ir.qgraph.QuantizedGraph` or of a float
+    :class:`~dnnfab.sw.ir.graph.Graph`; ``in_shape`` its (logical, ONNX) input shape. A conv or
+    GEMM is on the fabric exactly when :func:`~dnnfab.sw.compiler.program.compile_layer` maps it
     (for a quantized layer the returned ``program`` is the one :func:`run_network` runs);
     the placement of a float layer is that of its quantized version (same geometry).
     """
@@ -254,21 +270,24 @@ def _fabric_conv(model, layer, prog, x_cl, L):
 
 
 def run_network(qg, feed, cfg: AcceleratorConfig = None, backend="model", fallback=True,
-                check=False, progress=None, inject_fault=None, plan=None):
+                check=False, progress=None, inject_fault=None, plan=None, options=None):
     """Run ``qg`` on float inputs ``feed``; conv/GEMM on the fabric, the rest on the CPU.
 
     ``check``: also run the pure CPU reference and set ``result.bit_exact``.
     ``inject_fault``: name of a layer whose fabric run raises a FabricError (testing the
     CPU fallback). ``plan``: ``plan_network(qg, cfg)`` computed once for many runs (the
-    compiled programs are reused); by default it is computed here.
+    compiled programs are reused); by default it is computed here. ``options``: how the
+    CPU layers run (:class:`~dnnfab.sw.cpu.options.Options`; default ``Options.from_env()``).
     Raises :class:`ConfigError` for a configuration the integer network cannot run on
     (:func:`check_run_config`) and :class:`InputError` for NaN/inf inputs.
     """
-    from .reference import Env, run_layer
     cfg = cfg or AcceleratorConfig()
     if backend != "model":
         raise DnnfabError(f"backend {backend!r} is not available for whole networks yet; use backend='model'")
     check_run_config(cfg)
+    from ..cpu.reference import Env, run_layer, run_reference   # numba: only when running
+    if options is None:
+        options = Options.from_env()
     feed = qg.check_feed(feed)
     check_finite(feed)
     if plan is None:
@@ -315,13 +334,13 @@ def run_network(qg, feed, cfg: AcceleratorConfig = None, backend="model", fallba
                 rec.where = "cpu (fallback)"
                 rec.reason = f"fabric fault: {_strip_name(str(exc), L.name)}"
         t0 = time.perf_counter()
-        run_layer(qg, env, L)
+        run_layer(qg, env, L, options)
         rec.cpu_ms = (time.perf_counter() - t0) * 1e3
         if not rec.macs and L.op in ("conv", "gemm"):
             rec.macs = int(np.prod(qg.shape(L.output))) * int(np.prod(L.qweight.shape[1:]))
         result.layers.append(rec)
     result.outputs = {t.name: env.lg(t.name) for t in qg.outputs}
     if check:
-        ref = qg.run_int(feed)
+        ref = run_reference(qg, feed_q, options=options)
         result.bit_exact = all(np.array_equal(ref[k], result.outputs[k]) for k in ref)
     return result
