@@ -1,0 +1,52 @@
+"""The benchmark and fuzzing scripts run in CI in a small form, through their own command
+lines (a figure whose script silently stops working is the worst kind of bug)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dnnfab.cosim import runner
+
+REPO = Path(__file__).resolve().parent.parent
+VERILATOR = pytest.mark.skipif(not runner.available("verilator"), reason="verilator not installed")
+
+
+def _run(*args, timeout=900):
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_bench_gemm_small():
+    """The exact engine is exact; the u8 x s8 kernel it replaced is reported as it is."""
+    out = json.loads(_run("scripts/bench_gemm.py", "--shapes", "32x64x16", "--repeat", "1", "--json"))
+    (res,) = out["results"]
+    engines = {e["engine"]: e for e in res["engines"]}
+    assert engines["ort u8u8"]["wrong"] == 0 and engines["ort u8u8"]["outputs"] == 32 * 16
+    assert engines["f32 BLAS"]["wrong"] == 0
+    assert all(e["gops"] > 0 for e in res["engines"])
+
+
+@pytest.mark.cosim
+@VERILATOR
+def test_fuzz_rtl_script_small(tmp_path):
+    out = json.loads(_run("scripts/fuzz_rtl.py", "--count", "3", "--seed", "5", "--config", "small", "--json",
+                          "--records", str(tmp_path / "r.jsonl")))
+    assert out["cases"] == 3 and out["passed"] == 3 and out["failures"] == []
+    recs = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert len(recs) == 3 and all(r["ok"] and r["rtl_cycles"] > 0 for r in recs)
+
+
+@pytest.mark.cosim
+@VERILATOR
+def test_bench_layer_script_small():
+    """bench_layer's command line on a small layer of the default 8x8 accelerator (the
+    headline layer itself runs in tests/cosim/test_fuzz_rtl.py)."""
+    out = json.loads(_run("scripts/bench_layer.py", "--h", "8", "--w", "7", "--cin", "20", "--cout", "12",
+                          "--k", "3", "--pad", "1", "--json"))
+    assert out["bit_exact"] is True
+    assert out["physical_limit_cycles"] <= out["cycles"]
+    assert abs(out["model_cycles"] - out["cycles"]) <= max(16, 0.02 * out["cycles"])
