@@ -243,6 +243,7 @@ class CycleReport:
     compute_cycles: int        # cycles the array stream is busy (incl. weight-preload stalls)
     load_cycles: int
     store_cycles: int
+    insn_end: list = field(default_factory=list, repr=False)   # per instruction (program order)
 
     def utilization(self, cfg, macs):
         return macs / (self.cycles * cfg.rows * cfg.cols)
@@ -339,6 +340,7 @@ def estimate_cycles(prog) -> CycleReport:
     load_cycles = store_cycles = compute_cycles = 0
     beats_total = 0
     first_compute = True
+    insn_end = [0] * len(insns)
     for i in check_tokens(insns).order:
         ins = insns[i]
         ensure_chunk(i // FETCH_CHUNK)
@@ -356,6 +358,7 @@ def estimate_cycles(prog) -> CycleReport:
             if ins.push_next:
                 l2c.append(end)
             done.append(end)
+            insn_end[i] = end
         elif isinstance(ins, Compute):
             start = t_comp_free
             if ins.pop_prev:
@@ -380,6 +383,7 @@ def estimate_cycles(prog) -> CycleReport:
             if ins.push_next:
                 c2s.append(end)
             done.append(end)
+            insn_end[i] = end
         else:
             start = t_store
             if ins.pop_prev:
@@ -391,6 +395,7 @@ def estimate_cycles(prog) -> CycleReport:
             if ins.push_prev:
                 s2c.append(end)
             done.append(end)
+            insn_end[i] = end
     total = max(done) + 2 if done else 0
     return CycleReport(cycles=total, array_beats=beats_total, compute_cycles=compute_cycles,
-                       load_cycles=load_cycles, store_cycles=store_cycles)
+                       load_cycles=load_cycles, store_cycles=store_cycles, insn_end=insn_end)

@@ -1,0 +1,300 @@
+"""The fast model's compiled form of a program: what the instruction stream computes, as
+a few large numpy operations per launch.
+
+Addresses in this instruction set never depend on data. So once per program (cached by
+its bytes) :func:`trace` plays the steps in the token machine's take order *on addresses
+only*: it tracks, for every row of the activation, weight and aux scratchpads, the DRAM
+row its bytes were loaded from and when. Each COMPUTE then reads DRAM directly: its
+implicit im2col is the geometry's index array plus one offset (when the rows it reads
+came from one contiguous load, the compiler's layout), its weight block and aux lane
+are DRAM addresses. COMPUTEs that share their activations and start and finish their
+accumulators are one matrix product (the M tiles of a band); chunked ones accumulate
+into the model's accumulator array; STOREs copy the output scratchpad to DRAM as before.
+
+The trace is *checked*, never assumed: it gives up (the model then executes instruction
+by instruction, :class:`~.fastmodel.FastModel`'s step path) when a COMPUTE reads a
+scratchpad row no LOAD of this program filled, when the rows it reads did not come from
+one contiguous DRAM range, or when a STORE overwrites a DRAM range between the LOAD that
+read it and the COMPUTE that uses it (the scratchpad would hold the old bytes). At
+launch the DMA's write window, DRAM bounds and injected bus faults are checked against
+the program's transfer list; any hit sends that launch to the step path, which raises
+the fault at the right instruction. Results are bit-identical either way (tested).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+
+from ...hw.spec import TARGET_ACT, TARGET_WGT, TARGET_AUX, AUX_DTYPE, AUX_LANE_BYTES
+from ..ir.qgraph import requantize
+from ..compiler.fastmodel import _wrap32
+
+__all__ = ["Plan", "trace", "run_plan", "exact_matmul", "EXACT_K"]
+
+#: K chunk of the float32 products (see the module docstring)
+EXACT_K = 1024
+
+
+def exact_matmul(a, w):
+    """int64 ``a @ w`` for int8-valued float32 ``a`` [P, K] and ``w`` [K, N]."""
+    K = a.shape[1]
+    if K <= EXACT_K:
+        return (a @ w).astype(np.int64)
+    acc = np.zeros((a.shape[0], w.shape[1]), np.float64)
+    for k0 in range(0, K, EXACT_K):
+        acc += a[:, k0:k0 + EXACT_K] @ w[k0:k0 + EXACT_K]
+    return acc.astype(np.int64)
+
+
+
+
+class Plan:
+    """A traced program: ``ops`` in take order, the transfer list for the launch checks
+    and the counters a run adds."""
+
+    def __init__(self, ops, loads, stores, counters):
+        self.ops = ops
+        self.loads = loads          # int64 [n, 2]: DRAM [lo, hi) of every load row
+        self.stores = stores        # int64 [n, 2]
+        self.counters = counters
+
+
+class _Track:
+    """Per scratchpad row: the DRAM row it came from (-1: not loaded) and the load step."""
+
+    def __init__(self, nrows, width):
+        self.src = np.full(nrows, -1, np.int64)
+        self.when = np.full(nrows, -1, np.int64)
+        self.width = width
+
+
+def _affine(track, r0, r1):
+    """DRAM row of scratchpad row ``r0`` if rows [r0, r1) map to consecutive DRAM rows,
+    plus the latest load step among them; None if not."""
+    src = track.src[r0:r1]
+    if len(src) == 0 or src[0] < 0:
+        return None
+    if not np.array_equal(src - src[0], np.arange(r1 - r0)):
+        return None
+    return int(src[0]), int(track.when[r0:r1].max())
+
+
+def trace(fm, prog):
+    """The :class:`Plan` of a prepared program (``prog.steps`` of the step path), or None
+    when the program is outside what the plan handles (see the module docstring)."""
+    cfg = fm.cfg
+    R, C, bus = cfg.rows, cfg.cols, cfg.bus_bytes
+    if prog.bad is not None:
+        return None
+    tracks = {TARGET_ACT: _Track(len(fm.act) // R, R), TARGET_WGT: _Track(len(fm.wgt) // C, C),
+              TARGET_AUX: _Track(len(fm.aux) // (C * AUX_LANE_BYTES), C * AUX_LANE_BYTES)}
+    sp_target = {id(fm.act): TARGET_ACT, id(fm.wgt): TARGET_WGT, id(fm.aux): TARGET_AUX}
+    ops, loads, stores = [], [], []
+    store_steps, store_rng = [], []
+    counters = dict(macs=0, dma_rd_bytes=0, dma_wr_bytes=0, insns=0, array_beats=0)
+    group = None
+
+    def clobbered(lo, hi, t0, t1):
+        """A store between steps t0 and t1 wrote DRAM bytes [lo, hi)."""
+        k = bisect_right(store_steps, t0)
+        for s in range(k, len(store_steps)):
+            if store_steps[s] >= t1:
+                break
+            a, b = store_rng[s]
+            if a < hi and lo < b:
+                return True
+        return False
+
+    def close():
+        nonlocal group
+        if group is not None:
+            ops.append(("group", group))
+            group = None
+
+    for step, st in enumerate(prog.steps):
+        kind = st[0]
+        if kind == "fault":
+            return None
+        counters["insns"] += 1
+        if kind == "load":
+            _, ins, sp, rows, n, _, i = st
+            tr = tracks[sp_target[id(sp)]]
+            w = tr.width
+            for a, off in rows:
+                loads.append((a, a + n))
+                if a % w or off % w or n % w:
+                    return None
+                r0, k = off // w, n // w
+                tr.src[r0:r0 + k] = np.arange(a // w, a // w + k)
+                tr.when[r0:r0 + k] = step
+            counters["dma_rd_bytes"] += n * len(rows)
+        elif kind == "store":
+            close()
+            _, ins, sp, rows, n, _, i = st
+            for a, off in rows:
+                stores.append((a, a + n))
+                store_steps.append(step)
+                store_rng.append((a, a + n))
+            ops.append(("store", (rows, n)))
+            counters["dma_wr_bytes"] += n * len(rows)
+        else:
+            _, c, idx, akey, a_range, P, kt, i = st
+            counters["array_beats"] += kt * P
+            counters["macs"] += kt * P * R * C
+            valid = idx >= 0
+            if not valid.any():
+                return None
+            lo_r = c.a_base + int(idx[valid].min())
+            hi_r = c.a_base + int(idx.max()) + 1
+            a = _affine(tracks[TARGET_ACT], lo_r, hi_r)
+            wgt = _affine(tracks[TARGET_WGT], c.w_base, c.w_base + kt * R)
+            need_aux = c.acc_init or c.finalize
+            aux = _affine(tracks[TARGET_AUX], c.aux_addr, c.aux_addr + 1) if need_aux else (0, -1)
+            if a is None or wgt is None or aux is None:
+                return None
+            a_row0, a_t = a
+            w_row0, w_t = wgt
+            x_row0, x_t = aux
+            if clobbered(a_row0 * R, (a_row0 + hi_r - lo_r) * R, a_t, step) or \
+               clobbered(w_row0 * C, (w_row0 + kt * R) * C, w_t, step) or \
+               (need_aux and clobbered(x_row0 * C * AUX_LANE_BYTES,
+                                       (x_row0 + 1) * C * AUX_LANE_BYTES, x_t, step)):
+                return None
+            a_off = a_row0 - lo_r + c.a_base     # DRAM row of scratchpad row a_base + idx
+            pad = None if valid.all() else ~valid
+            w_addr = w_row0 * C
+            x_addr = x_row0 * C * AUX_LANE_BYTES
+            if c.acc_init and c.finalize:
+                key = (id(idx), a_off, c.zx, c.zy, c.lo, c.hi)
+                if group is None or group["key"] != key:
+                    close()
+                    group = {"key": key, "idx": idx, "pad": pad, "a_off": a_off, "zx": c.zx,
+                             "P": P, "K": kt * R, "zy": c.zy, "lo": c.lo, "hi": c.hi,
+                             "w": [], "x": [], "out": []}
+                group["w"].append(w_addr)
+                group["x"].append(x_addr)
+                group["out"].append((c.out_base, c.out_stride))
+            else:
+                close()
+                ops.append(("chunk", {"idx": idx, "pad": pad, "a_off": a_off, "zx": c.zx, "P": P,
+                                      "K": kt * R, "w": w_addr, "x": x_addr, "c": c}))
+    close()
+    guards = []
+    for step_no, (kind, g) in enumerate(ops):
+        if kind in ("group", "chunk"):
+            w = np.atleast_1d(np.asarray(g["w"], np.int64))
+            x = np.atleast_1d(np.asarray(g["x"], np.int64))
+            g["w"], g["x"] = (w, x) if kind == "group" else (int(w[0]), int(x[0]))
+            lo = int(min(w.min(), x.min()))
+            hi = int(max(w.max() + g["K"] * C, x.max() + C * AUX_LANE_BYTES))
+            g["guard"] = (lo, hi)
+            guards.append((lo, hi))
+            g["gid"] = len(guards) - 1
+        if kind == "group":
+            ob = np.asarray([o for o, _ in g["out"]], np.int64)
+            os_ = np.asarray([s for _, s in g["out"]], np.int64)
+            g["out_rows"] = ob[None, :] + np.arange(g["P"])[:, None] * os_[None, :]   # [P, n]
+    # an operand block a store of this same program may overwrite is never cached
+    st = np.asarray(stores, np.int64).reshape(-1, 2)
+    gd = np.asarray(guards, np.int64).reshape(-1, 2)
+    self_hit = ((st[None, :, 0] < gd[:, None, 1]) & (gd[:, None, 0] < st[None, :, 1])).any(1) \
+        if len(st) and len(gd) else np.zeros(len(gd), bool)
+    as_arr = lambda v: np.asarray(v, np.int64).reshape(-1, 2)
+    plan = Plan(ops, as_arr(loads), st, counters)
+    plan.guards = gd
+    plan.cacheable = ~self_hit
+    plan.cache = {}
+    plan.log_pos = 0
+    return plan
+
+
+def _activations(dram_rows, g):
+    A = dram_rows[g["idx"] + g["a_off"] if g["pad"] is None else
+                  np.where(g["pad"], 0, g["idx"] + g["a_off"])]
+    if g["pad"] is not None:
+        A[g["pad"]] = g["zx"]
+    return A.reshape(g["P"], g["K"]).astype(np.float32)
+
+
+def _lanes(dram, addrs, C):
+    nb = C * AUX_LANE_BYTES
+    raw = dram[np.add.outer(addrs, np.arange(nb)).ravel()]
+    return raw.view(AUX_DTYPE)
+
+
+def _invalidate(fm, plan):
+    """Drop cached operands whose DRAM bytes were written since this plan last ran (host
+    writes and every launch's stores go to ``fm``'s write log)."""
+    lo, hi = fm.writes_since(plan.log_pos)
+    plan.log_pos = fm.write_log_len()
+    if not plan.cache or not len(lo):
+        return
+    gd = plan.guards
+    ids = np.fromiter(plan.cache.keys(), np.int64)
+    g = gd[ids]
+    hit = ((lo[None, :] < g[:, 1:2]) & (g[:, 0:1] < hi[None, :])).any(1)
+    for k in ids[hit]:
+        del plan.cache[int(k)]
+
+
+def _operands(dram, dram_i8, plan, g, C, kind):
+    """(W float32 [K, n*C], aux lanes) of a group or chunk, cached when allowed."""
+    hit = plan.cache.get(g["gid"])
+    if hit is not None:
+        return hit
+    K = g["K"]
+    if kind == "group":
+        n = len(g["w"])
+        blk = dram_i8[np.add.outer(g["w"], np.arange(K * C)).ravel()].reshape(n, K, C)
+        W = blk.transpose(1, 0, 2).reshape(K, n * C).astype(np.float32)
+        lanes = _lanes(dram, g["x"], C)
+    else:
+        W = dram_i8[g["w"]:g["w"] + K * C].reshape(K, C).astype(np.float32)
+        lanes = _lanes(dram, np.asarray([g["x"]]), C)
+    lanes = (lanes["bias"].astype(np.int64)[None, :], lanes["m"].astype(np.int64),
+             lanes["n"].astype(np.int64))
+    if plan.cacheable[g["gid"]]:
+        plan.cache[g["gid"]] = (W, lanes)
+    return W, lanes
+
+
+def run_plan(fm, plan):
+    """Execute ``plan`` on ``fm``'s DRAM, output scratchpad and accumulators."""
+    _invalidate(fm, plan)
+    cfg = fm.cfg
+    R, C = cfg.rows, cfg.cols
+    dram = fm.dram
+    n8 = len(dram) // R * R
+    dram_rows = dram[:n8].view(np.int8).reshape(-1, R)
+    dram_i8 = dram.view(np.int8)
+    out = fm.out.reshape(-1, C)
+    out_u8 = fm.out.view(np.uint8)
+    for kind, g in plan.ops:
+        if kind == "group":
+            A = _activations(dram_rows, g)
+            W, (bias, m, nn) = _operands(dram, dram_i8, plan, g, C, kind)
+            acc = _wrap32(exact_matmul(A, W) + bias)
+            y = requantize(acc, m, nn, g["zy"], g["lo"], g["hi"])
+            out[g["out_rows"]] = y.reshape(g["P"], len(g["w"]), C)
+        elif kind == "chunk":
+            c = g["c"]
+            A = _activations(dram_rows, g)
+            P = g["P"]
+            W, (bias, m, nn) = _operands(dram, dram_i8, plan, g, C, kind)
+            psum = exact_matmul(A, W)
+            if c.acc_init:
+                acc = bias + psum
+            else:
+                acc = fm.acc[c.acc_base:c.acc_base + P] + psum
+            acc = _wrap32(acc)
+            if c.finalize:
+                out[c.out_base + np.arange(P) * c.out_stride] = requantize(acc, m, nn, c.zy, c.lo, c.hi)
+            else:
+                fm.acc[c.acc_base:c.acc_base + P] = acc
+        else:
+            rows, n = g
+            for a, off in rows:
+                dram[a:a + n] = out_u8[off:off + n]
+    fm.log_writes(plan.stores)
