@@ -14,6 +14,8 @@ timing models then follow an order the hardware could take.
 """
 
 from collections import deque
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from ...errors import FabricError, FabricDeadlock
@@ -25,6 +27,9 @@ __all__ = ["estimate_cycles", "CycleReport", "check_tokens", "TokenReport",
 
 
 def _wrap32(x):
+    """Two's-complement wrap to int32 (the accumulator's width), as int64."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.int32).astype(np.int64)      # truncation is the wrap
     return ((x + (1 << 31)) % (1 << 32)) - (1 << 31)
 
 

@@ -190,6 +190,7 @@ def trace(fm, prog):
             lo = int(min(w.min(), x.min()))
             hi = int(max(w.max() + g["K"] * C, x.max() + C * AUX_LANE_BYTES))
             g["guard"] = (lo, hi)
+            g["zx_row"] = np.full(R, g["zx"], np.int8).view(np.dtype((np.void, R)))[0]
             guards.append((lo, hi))
             g["gid"] = len(guards) - 1
         if kind == "group":
@@ -211,11 +212,16 @@ def trace(fm, prog):
 
 
 def _activations(dram_rows, g):
-    A = dram_rows[g["idx"] + g["a_off"] if g["pad"] is None else
-                  np.where(g["pad"], 0, g["idx"] + g["a_off"])]
+    """The COMPUTE's im2col [P, K] as float32: one gather of R-byte rows (``dram_rows`` is
+    DRAM viewed as one opaque R-byte element per row, so each element is one copy)."""
+    gi = g.get("gi")
+    if gi is None:                       # the DRAM row of every (pixel, K tile), once
+        gi = g["idx"] + g["a_off"] if g["pad"] is None else np.where(g["pad"], 0, g["idx"] + g["a_off"])
+        g["gi"] = gi
+    A = dram_rows[gi]
     if g["pad"] is not None:
-        A[g["pad"]] = g["zx"]
-    return A.reshape(g["P"], g["K"]).astype(np.float32)
+        A[g["pad"]] = g["zx_row"]
+    return A.view(np.int8).reshape(g["P"], g["K"]).astype(np.float32)
 
 
 def _lanes(dram, addrs, C):
@@ -267,7 +273,7 @@ def run_plan(fm, plan):
     R, C = cfg.rows, cfg.cols
     dram = fm.dram
     n8 = len(dram) // R * R
-    dram_rows = dram[:n8].view(np.int8).reshape(-1, R)
+    dram_rows = dram[:n8].view(np.dtype((np.void, R)))
     dram_i8 = dram.view(np.int8)
     out = fm.out.reshape(-1, C)
     out_u8 = fm.out.view(np.uint8)

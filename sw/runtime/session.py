@@ -28,7 +28,7 @@ import warnings
 
 import numpy as np
 
-from ...errors import DnnfabError, FabricError, InputError, ModelError
+from ...errors import ConfigError, DnnfabError, FabricError, InputError, ModelError
 from ...hw.config import AcceleratorConfig
 from ..compiler.network import compile_network, CompiledNetwork
 from ..cpu.options import Options
@@ -130,10 +130,12 @@ class InferenceSession:
     """See the module docstring. ``config`` an :class:`~dnnfab.hw.config.AcceleratorConfig`
     (default: the board's, else the default 8x8), ``options`` an
     :class:`~dnnfab.sw.cpu.options.Options` for the CPU layers, ``cache_dir`` where
-    compiled networks are kept (``False``: no disk cache)."""
+    compiled networks are kept (``False``: no disk cache), ``require_fabric``: raise
+    :class:`~dnnfab.errors.ConfigError` naming the limit when a conv or GEMM cannot map onto
+    the configuration (by default it runs on the CPU and :meth:`profile` says why)."""
 
     def __init__(self, model, calibration=None, backend="model", config=None, board=None,
-                 options=None, cache_dir=None, timeout_s=None):
+                 options=None, cache_dir=None, timeout_s=None, require_fabric=False):
         from .api import load, quantize
         self.options = options if options is not None else Options.from_env()
         if config is None:
@@ -144,6 +146,7 @@ class InferenceSession:
         self.board = board
         self._cache_dir = cache_dir
         self._timeout = timeout_s
+        self.require_fabric = require_fabric
         self.calibration_source = "given"
         if isinstance(model, QuantizedGraph):
             qg = model
@@ -210,8 +213,14 @@ class InferenceSession:
             self.compile_s = 0.0
             return None
         cache = self._cache_dir
-        self.net = compile_network(self.qg, self.cfg, cache_dir=cache or None,
-                                   use_cache=cache is not False)
+        net = compile_network(self.qg, self.cfg, cache_dir=cache or None,
+                              use_cache=cache is not False)
+        if self.require_fabric:
+            for info in net.layers.values():
+                if info.target != "fabric" and info.op in ("conv", "gemm"):
+                    raise ConfigError(f"layer {info.name} does not map onto {self.cfg.name}: "
+                                      f"{info.reason}")
+        self.net = net
         dev = driver.open(self._backend_obj, self.cfg) if self._backend_obj is not None else \
             driver.open("model", self.cfg, dram_bytes=max(1 << 24, self.net.dram_bytes + (1 << 20)))
         self.dev = dev
