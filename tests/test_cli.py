@@ -20,7 +20,7 @@ from dnnfab.boards.fit import check_fit, autosize
 from dnnfab.errors import InputError, ConfigError
 from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.models import datasets
-from dnnfab.sw.runtime import plan_network, run_network
+from dnnfab.sw.runtime import plan_network, InferenceSession
 
 ROOT = Path(__file__).resolve().parent.parent
 RESNET_REASON = "2048 output channels exceed 255 C-blocks per pixel; use a config with more columns"
@@ -182,12 +182,12 @@ def test_run_network_refuses_other_widths_and_nonfinite_inputs():
     q = dnnfab.quantize(dnnfab.load("digits-cnn"), calibration=datasets.digits_split()[0][:8])
     x = datasets.digits_split()[2][:1].copy()
     with pytest.raises(ConfigError, match="input_bits=4, weight_bits=4"):
-        run_network(q, {"image": x}, AcceleratorConfig(input_bits=4, weight_bits=4))
+        InferenceSession(q, config=AcceleratorConfig(input_bits=4, weight_bits=4))
     for bad in (np.nan, np.inf, -np.inf):
         y = x.copy()
         y[0, 0, 3, 5] = bad
         with pytest.raises(InputError, match=r"'image' holds 1 NaN/inf value\(s\) \(first at index \(0, 0, 3, 5\)\)"):
-            run_network(q, {"image": y})
+            InferenceSession(q, cache_dir=False).run(None, {"image": y})
         with pytest.raises(InputError, match="NaN/inf"):
             dnnfab.quantize(dnnfab.load("digits-cnn"), calibration=y)
 
