@@ -94,7 +94,6 @@ def trace(fm, prog):
     ops, loads, stores = [], [], []
     store_steps, store_rng = [], []
     counters = dict(macs=0, dma_rd_bytes=0, dma_wr_bytes=0, insns=0, array_beats=0)
-    group = None
 
     def clobbered(lo, hi, t0, t1):
         """A store between steps t0 and t1 wrote DRAM bytes [lo, hi)."""
@@ -106,12 +105,6 @@ def trace(fm, prog):
             if a < hi and lo < b:
                 return True
         return False
-
-    def close():
-        nonlocal group
-        if group is not None:
-            ops.append(("group", group))
-            group = None
 
     for step, st in enumerate(prog.steps):
         kind = st[0]
@@ -131,7 +124,6 @@ def trace(fm, prog):
                 tr.when[r0:r0 + k] = step
             counters["dma_rd_bytes"] += n * len(rows)
         elif kind == "store":
-            close()
             _, ins, sp, rows, n, _, i = st
             for a, off in rows:
                 stores.append((a, a + n))
@@ -166,32 +158,27 @@ def trace(fm, prog):
             pad = None if valid.all() else ~valid
             w_addr = w_row0 * C
             x_addr = x_row0 * C * AUX_LANE_BYTES
-            if c.acc_init and c.finalize:
-                key = (id(idx), a_off, c.zx, c.zy, c.lo, c.hi)
-                if group is None or group["key"] != key:
-                    close()
-                    group = {"key": key, "idx": idx, "pad": pad, "a_off": a_off, "zx": c.zx,
-                             "P": P, "K": kt * R, "zy": c.zy, "lo": c.lo, "hi": c.hi,
-                             "w": [], "x": [], "out": []}
-                group["w"].append(w_addr)
-                group["x"].append(x_addr)
-                group["out"].append((c.out_base, c.out_stride))
-            else:
-                close()
-                ops.append(("chunk", {"idx": idx, "pad": pad, "a_off": a_off, "zx": c.zx, "P": P,
-                                      "K": kt * R, "w": w_addr, "x": x_addr, "c": c}))
-    close()
+            ops.append(("job", {"c": c, "idx": idx, "pad": pad, "a_off": a_off, "P": P, "K": kt * R,
+                                "w": w_addr, "x": x_addr, "step": step,
+                                "a_rng": (a_row0 * R, (a_row0 + hi_r - lo_r) * R),
+                                "w_rng": (w_addr, w_addr + kt * R * C)}))
+    ops = _combine(ops, clobbered, R)
     guards = []
     for step_no, (kind, g) in enumerate(ops):
-        if kind in ("group", "chunk"):
-            w = np.atleast_1d(np.asarray(g["w"], np.int64))
-            x = np.atleast_1d(np.asarray(g["x"], np.int64))
-            g["w"], g["x"] = (w, x) if kind == "group" else (int(w[0]), int(x[0]))
-            lo = int(min(w.min(), x.min()))
-            hi = int(max(w.max() + g["K"] * C, x.max() + C * AUX_LANE_BYTES))
-            g["guard"] = (lo, hi)
+        if kind == "chunk":
+            g["zx"] = g["c"].zx
             g["zx_row"] = np.full(R, g["zx"], np.int8).view(np.dtype((np.void, R)))[0]
-            guards.append((lo, hi))
+            lo, hi = min(g["w"], g["x"]), max(g["w"] + g["K"] * C, g["x"] + C * AUX_LANE_BYTES)
+        if kind == "group":
+            ws = [a for segs in g["w_segs"] for a, _ in segs]
+            wk = [a + k * C for segs in g["w_segs"] for a, k in segs]
+            xs = g["xb"] + g["xm"]
+            lo, hi = min(min(ws), min(xs)), max(max(wk), max(xs) + C * AUX_LANE_BYTES)
+            g["parts"] = [(idx, pad, a_off, np.full(R, zx, np.int8).view(np.dtype((np.void, R)))[0], k)
+                          for idx, pad, a_off, zx, k in g["parts"]]
+        if kind in ("group", "chunk"):
+            g["guard"] = (int(lo), int(hi))
+            guards.append(g["guard"])
             g["gid"] = len(guards) - 1
         if kind == "group":
             ob = np.asarray([o for o, _ in g["out"]], np.int64)
@@ -211,17 +198,114 @@ def trace(fm, prog):
     return plan
 
 
+def _combine(ops, clobbered, R):
+    """Turn the per-COMPUTE jobs into the plan's ops: a K-chunked chain (first chunk starts
+    the accumulators, the last finalizes, same pixels) becomes one job over the whole K
+    (int32 wrap-around is associative, so one wrap at the end gives the same bits), unless
+    a STORE between its chunks overwrites what an earlier chunk read; consecutive
+    finalizing jobs over the same activations become one group (one product over all
+    their M tiles). A chain that cannot be fused stays as "chunk" ops."""
+    out = []
+    i, n = 0, len(ops)
+
+    def single(j):
+        c = j["c"]
+        return {"parts": [(j["idx"], j["pad"], j["a_off"], c.zx, j["K"])], "P": j["P"],
+                "K": j["K"], "zy": c.zy, "lo": c.lo, "hi": c.hi, "w_segs": [[(j["w"], j["K"])]],
+                "xb": [j["x"]], "xm": [j["x"]], "out": [(c.out_base, c.out_stride)]}
+
+    jobs = []                     # ("store", ...) | ("fused", group dict) | ("chunk", job)
+    while i < n:
+        kind, j = ops[i]
+        if kind != "job":
+            jobs.append((kind, j))
+            i += 1
+            continue
+        c = j["c"]
+        if c.acc_init and c.finalize:
+            jobs.append(("fused", single(j)))
+            i += 1
+            continue
+        chain, stores, k = [j], [], i + 1
+        ok = bool(c.acc_init and not c.finalize)
+        while ok and k < n:
+            kk, jj = ops[k]
+            if kk == "store":
+                stores.append(ops[k])
+                k += 1
+                continue
+            if kk != "job":
+                ok = False
+                break
+            cc = jj["c"]
+            if cc.acc_init or cc.acc_base != c.acc_base or jj["P"] != j["P"] or cc.zx != c.zx:
+                ok = False
+                break
+            chain.append(jj)
+            k += 1
+            if cc.finalize:
+                break
+        ok = ok and chain[-1]["c"].finalize and len(chain) > 1
+        if ok:
+            t1 = chain[-1]["step"]
+            for jj in chain[:-1]:
+                if clobbered(*jj["a_rng"], jj["step"], t1) or clobbered(*jj["w_rng"], jj["step"], t1):
+                    ok = False
+                    break
+        if not ok:
+            jobs.append(("chunk", j))
+            i += 1
+            continue
+        last = chain[-1]["c"]
+        jobs.extend(stores)        # they ran before the chain's finalizing chunk
+        jobs.append(("fused", {
+            "parts": [(jj["idx"], jj["pad"], jj["a_off"], jj["c"].zx, jj["K"]) for jj in chain],
+            "P": j["P"], "K": sum(jj["K"] for jj in chain), "zy": last.zy, "lo": last.lo,
+            "hi": last.hi, "w_segs": [[(jj["w"], jj["K"]) for jj in chain]],
+            "xb": [j["x"]], "xm": [chain[-1]["x"]], "out": [(last.out_base, last.out_stride)]}))
+        i = k
+    # consecutive finalizing jobs over the same activations: one group
+    for kind, g in jobs:
+        if kind == "fused":
+            key = (tuple((id(p[0]), p[2], p[3], p[4]) for p in g["parts"]), g["P"], g["zy"],
+                   g["lo"], g["hi"])
+            if out and out[-1][0] == "group" and out[-1][1]["key"] == key:
+                h = out[-1][1]
+                h["w_segs"] += g["w_segs"]
+                h["xb"] += g["xb"]
+                h["xm"] += g["xm"]
+                h["out"] += g["out"]
+            else:
+                g["key"] = key
+                out.append(("group", g))
+        elif kind == "chunk":
+            out.append(("chunk", {k: g[k] for k in ("idx", "pad", "a_off", "P", "K", "w", "x", "c")}))
+        else:
+            out.append((kind, g))
+    return out
+
+
 def _activations(dram_rows, g):
-    """The COMPUTE's im2col [P, K] as float32: one gather of R-byte rows (``dram_rows`` is
-    DRAM viewed as one opaque R-byte element per row, so each element is one copy)."""
-    gi = g.get("gi")
-    if gi is None:                       # the DRAM row of every (pixel, K tile), once
-        gi = g["idx"] + g["a_off"] if g["pad"] is None else np.where(g["pad"], 0, g["idx"] + g["a_off"])
-        g["gi"] = gi
-    A = dram_rows[gi]
-    if g["pad"] is not None:
-        A[g["pad"]] = g["zx_row"]
-    return A.view(np.int8).reshape(g["P"], g["K"]).astype(np.float32)
+    """A chunk's im2col [P, K] as float32: one gather of R-byte rows (``dram_rows`` is DRAM
+    viewed as one opaque R-byte element per row, so each element is one copy)."""
+    return _gather(dram_rows, g["idx"], g["pad"], g["a_off"], g["zx_row"]).reshape(
+        g["P"], g["K"]).astype(np.float32)
+
+
+def _group_activations(dram_rows, g):
+    parts = g["parts"]
+    if len(parts) == 1:
+        idx, pad, a_off, zx_row, k = parts[0]
+        return _gather(dram_rows, idx, pad, a_off, zx_row).reshape(g["P"], k).astype(np.float32)
+    return np.concatenate([_gather(dram_rows, idx, pad, a_off, zx_row).reshape(g["P"], k)
+                           for idx, pad, a_off, zx_row, k in parts], axis=1).astype(np.float32)
+
+
+def _gather(dram_rows, idx, pad, a_off, zx_row):
+    A = dram_rows[idx + a_off if pad is None else np.where(pad, 0, idx + a_off)]
+    if pad is not None:
+        A[pad] = zx_row
+    return A.view(np.int8)
 
 
 def _lanes(dram, addrs, C):
@@ -252,15 +336,24 @@ def _operands(dram, dram_i8, plan, g, C, kind):
         return hit
     K = g["K"]
     if kind == "group":
-        n = len(g["w"])
-        blk = dram_i8[np.add.outer(g["w"], np.arange(K * C)).ravel()].reshape(n, K, C)
-        W = blk.transpose(1, 0, 2).reshape(K, n * C).astype(np.float32)
-        lanes = _lanes(dram, g["x"], C)
+        segs = g["w_segs"]
+        n = len(segs)
+        blocks = []
+        for p in range(len(segs[0])):
+            kp = segs[0][p][1]
+            addrs = np.asarray([s[p][0] for s in segs], np.int64)
+            blk = dram_i8[np.add.outer(addrs, np.arange(kp * C)).ravel()].reshape(n, kp, C)
+            blocks.append(blk.transpose(1, 0, 2).reshape(kp, n * C))
+        W = (blocks[0] if len(blocks) == 1 else np.concatenate(blocks)).astype(np.float32)
+        lb = _lanes(dram, np.asarray(g["xb"], np.int64), C)
+        lm = lb if g["xb"] == g["xm"] else _lanes(dram, np.asarray(g["xm"], np.int64), C)
+        lanes = (lb["bias"].astype(np.int64)[None, :], lm["m"].astype(np.int64),
+                 lm["n"].astype(np.int64))
     else:
         W = dram_i8[g["w"]:g["w"] + K * C].reshape(K, C).astype(np.float32)
-        lanes = _lanes(dram, np.asarray([g["x"]]), C)
-    lanes = (lanes["bias"].astype(np.int64)[None, :], lanes["m"].astype(np.int64),
-             lanes["n"].astype(np.int64))
+        lane = _lanes(dram, np.asarray([g["x"]]), C)
+        lanes = (lane["bias"].astype(np.int64)[None, :], lane["m"].astype(np.int64),
+                 lane["n"].astype(np.int64))
     if plan.cacheable[g["gid"]]:
         plan.cache[g["gid"]] = (W, lanes)
     return W, lanes
@@ -279,11 +372,11 @@ def run_plan(fm, plan):
     out_u8 = fm.out.view(np.uint8)
     for kind, g in plan.ops:
         if kind == "group":
-            A = _activations(dram_rows, g)
+            A = _group_activations(dram_rows, g)
             W, (bias, m, nn) = _operands(dram, dram_i8, plan, g, C, kind)
             acc = _wrap32(exact_matmul(A, W) + bias)
             y = requantize(acc, m, nn, g["zy"], g["lo"], g["hi"])
-            out[g["out_rows"]] = y.reshape(g["P"], len(g["w"]), C)
+            out[g["out_rows"]] = y.reshape(g["P"], len(g["w_segs"]), C)
         elif kind == "chunk":
             c = g["c"]
             A = _activations(dram_rows, g)
