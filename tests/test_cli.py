@@ -352,3 +352,14 @@ def test_cli_process_prints_one_line_exit_2(argv, tmp_path):
                        timeout=300, cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("dnnfab: error: ") and "Traceback" not in r.stderr
+
+
+def test_run_require_fabric_names_the_scratchpad_limit(capsys):
+    """A config whose scratchpads cannot hold one tile of a layer: with --require-fabric
+    one line naming the fix and exit 2."""
+    rc = main(["run", "eeg-seizure", "--samples", "1", "--calib", "4", "--rows", "4", "--cols", "4",
+               "--bus-bits", "64", "--act-kib", "1", "--acc-kib", "1", "--out-kib", "1",
+               "--require-fabric"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "does not fit the scratchpads" in err[0] and "use a larger configuration" in err[0]

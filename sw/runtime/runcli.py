@@ -197,7 +197,7 @@ def _check_counts(samples, calib):
 
 
 def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=True,
-             calibration=None, input_shapes=()):
+             calibration=None, input_shapes=(), require_fabric=False):
     """Quantize ``model``, run ``samples`` inputs through an :class:`InferenceSession` (the
     fabric model backend), check each against the integer reference.
 
@@ -219,7 +219,8 @@ def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=Tru
     zoo = _zoo_name(model)
     calib_feeds, xs, ys, desc = _data_for(zoo, model, g, samples, calib, calibration)
     q = dnnfab.quantize(g, calibration=calib_feeds)
-    sess = InferenceSession(q, config=cfg)
+    sess = InferenceSession(q, config=cfg, require_fabric=require_fabric)
+    sess.compile()
     out_name = g.outputs[0].name
     bar = None
     if progress:
@@ -300,7 +301,7 @@ def cmd_run(args):
     check_run_config(cfg, cli=True)
     summary, first = main_job(args.model, cfg, samples=args.samples, calib=args.calib,
                               progress=not args.json, calibration=args.calibration,
-                              input_shapes=args.input_shape)
+                              input_shapes=args.input_shape, require_fabric=args.require_fabric)
     if args.json:
         print(json.dumps(summary, indent=2, default=float))
         return 0
@@ -351,5 +352,8 @@ def register(sub):
                    help="calibration samples: .npy (one input), .npz (one array per input) or a "
                         "directory of them")
     add_input_shape_arg(p)
+    p.add_argument("--require-fabric", action="store_true",
+                   help="fail (naming the limit) if a conv/GEMM does not map onto the config "
+                        "instead of running it on the CPU")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_run)
