@@ -3,8 +3,8 @@
 
 For every model (default: the nine onnx "light" zoo models plus digits-cnn and
 eeg-seizure), side by side in one process: ``InferenceSession.run`` (backend "model",
-compiled, warm) and ``run_reference`` (the integer reference on the CPU), interleaved,
-``--repeats`` times each, the minimum kept (this machine is shared and noisy). Also the
+compiled, warm) and ``run_reference`` (the integer reference on the CPU), in alternating blocks of
+``--repeats`` runs (two blocks each), the minimum kept (this machine is shared and noisy). Also the
 whole-network fabric efficiency (sum of MACs / (sum of cycles x R x C)) with and without
 in-place chaining / cross-layer overlap, and for ``--compile-model`` the first-call
 (compile, cold cache) and cached-call times.
@@ -49,14 +49,18 @@ def bench_model(name, repeats, cache_dir, progress=None):
     t_first = time.perf_counter() - t0
     ref = run_reference(sess.qg, feed_q, options=sess.options)
     exact = all(np.array_equal(out[k], ref[k]) for k in ref)
+    # blocks of runs, alternating (not run by run: onnxruntime's thread pool spins for a
+    # while after each of its runs and would slow whatever runs next on a 2-core machine)
     ts, tr = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sess.run_int(feed)
-        ts.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        run_reference(sess.qg, feed_q, options=sess.options)
-        tr.append(time.perf_counter() - t0)
+    for _ in range(2):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            sess.run_int(feed)
+            ts.append(time.perf_counter() - t0)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run_reference(sess.qg, feed_q, options=sess.options)
+            tr.append(time.perf_counter() - t0)
     net = sess.net
     base = compile_network(sess.qg, sess.cfg, chain=False, cache_dir=cache_dir)
     prof = sess.profile()

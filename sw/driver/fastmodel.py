@@ -37,6 +37,7 @@ from ...hw.spec import (Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX
                         ERR_SP_RANGE, ERR_OUT_WINDOW, decode)
 from ..ir.qgraph import requantize
 from ..compiler.fastmodel import check_tokens, _wrap32
+from ..cpu.options import Options
 from .fastplan import trace, run_plan, exact_matmul, EXACT_K  # noqa: F401
 
 __all__ = ["FastModel", "ModelFault", "exact_matmul"]
@@ -64,8 +65,11 @@ class _Program:
 class FastModel:
     """Executes programs on a model of the fabric (DRAM is a numpy uint8 array)."""
 
-    def __init__(self, cfg: AcceleratorConfig, dram_bytes=1 << 24):
+    def __init__(self, cfg: AcceleratorConfig, dram_bytes=1 << 24, options=None):
         self.cfg = cfg
+        #: how the traced plans' products run (threads, GEMM engine): the CPU side's
+        #: :class:`~dnnfab.sw.cpu.options.Options`
+        self.options = options if options is not None else Options()
         self.dram = np.zeros(dram_bytes, np.uint8)
         R, C = cfg.rows, cfg.cols
         self.act = np.zeros(cfg.act_kib * 1024, np.int8)

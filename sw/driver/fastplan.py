@@ -288,17 +288,16 @@ def _combine(ops, clobbered, R):
 def _activations(dram_rows, g):
     """A chunk's im2col [P, K] as float32: one gather of R-byte rows (``dram_rows`` is DRAM
     viewed as one opaque R-byte element per row, so each element is one copy)."""
-    return _gather(dram_rows, g["idx"], g["pad"], g["a_off"], g["zx_row"]).reshape(
-        g["P"], g["K"]).astype(np.float32)
+    return _gather(dram_rows, g["idx"], g["pad"], g["a_off"], g["zx_row"]).reshape(g["P"], g["K"])
 
 
 def _group_activations(dram_rows, g):
     parts = g["parts"]
     if len(parts) == 1:
         idx, pad, a_off, zx_row, k = parts[0]
-        return _gather(dram_rows, idx, pad, a_off, zx_row).reshape(g["P"], k).astype(np.float32)
+        return _gather(dram_rows, idx, pad, a_off, zx_row).reshape(g["P"], k)
     return np.concatenate([_gather(dram_rows, idx, pad, a_off, zx_row).reshape(g["P"], k)
-                           for idx, pad, a_off, zx_row, k in parts], axis=1).astype(np.float32)
+                           for idx, pad, a_off, zx_row, k in parts], axis=1)
 
 
 def _gather(dram_rows, idx, pad, a_off, zx_row):
@@ -344,16 +343,17 @@ def _operands(dram, dram_i8, plan, g, C, kind):
             addrs = np.asarray([s[p][0] for s in segs], np.int64)
             blk = dram_i8[np.add.outer(addrs, np.arange(kp * C)).ravel()].reshape(n, kp, C)
             blocks.append(blk.transpose(1, 0, 2).reshape(kp, n * C))
-        W = (blocks[0] if len(blocks) == 1 else np.concatenate(blocks)).astype(np.float32)
+        W = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
         lb = _lanes(dram, np.asarray(g["xb"], np.int64), C)
         lm = lb if g["xb"] == g["xm"] else _lanes(dram, np.asarray(g["xm"], np.int64), C)
         lanes = (lb["bias"].astype(np.int64)[None, :], lm["m"].astype(np.int64),
                  lm["n"].astype(np.int64))
     else:
-        W = dram_i8[g["w"]:g["w"] + K * C].reshape(K, C).astype(np.float32)
+        W = dram_i8[g["w"]:g["w"] + K * C].reshape(K, C)
         lane = _lanes(dram, np.asarray([g["x"]]), C)
         lanes = (lane["bias"].astype(np.int64)[None, :], lane["m"].astype(np.int64),
                  lane["n"].astype(np.int64))
+    W = W.astype(np.float32)
     if plan.cacheable[g["gid"]]:
         plan.cache[g["gid"]] = (W, lanes)
     return W, lanes
@@ -374,7 +374,7 @@ def run_plan(fm, plan):
         if kind == "group":
             A = _group_activations(dram_rows, g)
             W, (bias, m, nn) = _operands(dram, dram_i8, plan, g, C, kind)
-            acc = _wrap32(exact_matmul(A, W) + bias)
+            acc = _wrap32(exact_matmul(A.astype(np.float32), W) + bias)
             y = requantize(acc, m, nn, g["zy"], g["lo"], g["hi"])
             out[g["out_rows"]] = y.reshape(g["P"], len(g["w_segs"]), C)
         elif kind == "chunk":
@@ -382,7 +382,7 @@ def run_plan(fm, plan):
             A = _activations(dram_rows, g)
             P = g["P"]
             W, (bias, m, nn) = _operands(dram, dram_i8, plan, g, C, kind)
-            psum = exact_matmul(A, W)
+            psum = exact_matmul(A.astype(np.float32), W)
             if c.acc_init:
                 acc = bias + psum
             else:

@@ -36,9 +36,9 @@ class _P:
 class ModelBackend(Backend):
     name = "model"
 
-    def __init__(self, cfg: AcceleratorConfig, dram_bytes=1 << 26):
+    def __init__(self, cfg: AcceleratorConfig, dram_bytes=1 << 26, options=None):
         self.cfg = cfg
-        self.fm = FastModel(cfg, dram_bytes=0)
+        self.fm = FastModel(cfg, dram_bytes=0, options=options)
         self._dram_size = int(dram_bytes)
         self.regmap = accelerator_regmap(cfg)
         self._by_off = {r.offset: r for r in self.regmap}

@@ -222,7 +222,8 @@ class InferenceSession:
                                       f"{info.reason}")
         self.net = net
         dev = driver.open(self._backend_obj, self.cfg) if self._backend_obj is not None else \
-            driver.open("model", self.cfg, dram_bytes=max(1 << 24, self.net.dram_bytes + (1 << 20)))
+            driver.open("model", self.cfg, dram_bytes=max(1 << 24, self.net.dram_bytes + (1 << 20)),
+                        options=self.options)
         self.dev = dev
         self._mem = dev.allocate((self.net.dram_bytes,), np.uint8)
         self._base = self._mem.device_address
