@@ -329,7 +329,8 @@ class InferenceSession:
                          "ms": cyc / (cfg.clock_mhz * 1e3),
                          "utilization": info.macs / (max(1, cyc) * cfg.rows * cfg.cols),
                          "macs": info.macs, "reason": "", "degraded": False, "error": "",
-                         "run": run.index})
+                         "run": run.index, "dram_bytes": info.dram_rd_bytes + info.dram_wr_bytes,
+                         "occupancy": dict(info.occupancy)})
         return recs
 
     def _fallback(self, run, env, by_name, exc):
@@ -376,7 +377,9 @@ class InferenceSession:
 
     def profile(self):
         """Per-layer records of the last run: name, op, target ("fabric" | "cpu" |
-        "cpu (fallback)"), cycles, ms, utilization, macs, reason, degraded, error."""
+        "cpu (fallback)"), cycles, ms, utilization, macs, reason, degraded, error; fabric
+        layers also run (launch index), dram_bytes (moved by the DMA) and occupancy
+        (fraction of each scratchpad the tiling uses)."""
         return [dict(r) for r in self._profile]
 
     def close(self):
