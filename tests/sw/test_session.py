@@ -370,3 +370,15 @@ def test_cpu_backend_is_bit_exact():
     sess = dnnfab.InferenceSession("digits-cnn", backend="cpu", cache_dir=False)
     ok, _ = _exact(sess, _feed(sess))
     assert ok and all(r["target"] == "cpu" for r in sess.profile())
+
+
+@pytest.mark.parametrize("name,batch", [("digits-cnn", 3), ("eeg-seizure", 2)])
+def test_batches_run_in_one_launch_per_run(name, batch):
+    """A batch of N: every conv runs once per element inside the same program."""
+    g = dnnfab.load(name, batch=batch)
+    inp = g.inputs[0]
+    rng = np.random.default_rng(1)
+    cal = [{inp.name: rng.standard_normal(inp.shape).astype(np.float32)} for _ in range(4)]
+    sess = dnnfab.InferenceSession(g, calibration=cal, cache_dir=False)
+    ok, _ = _exact(sess, {inp.name: rng.standard_normal(inp.shape).astype(np.float32)})
+    assert ok and sess.dev.backend.launches == len(sess.net.runs)
