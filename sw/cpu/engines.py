@@ -38,15 +38,18 @@ Direct engines:
     product and partial sum is an integer of magnitude <= 128 * max_c sum|w[c]|; when that
     is <= 2^24 float32 represents each exactly, so the sum is exact whatever the order.
     MLAS's float Conv is im2col/direct + SGEMM (no Winograd/FFT, whose transforms would
-    round). Chosen for convs with few input channels (first layers: im2col would copy 3-byte
-    runs) when the bound holds.
+    round). Chosen for depthwise convs when numba is off. Measured here (AVX2) it is slower
+    than ``ort-u8u8`` even on first layers with 3 input channels (1.2-1.6x, im2col
+    included), so dense convs never take it.
 ``numba-dw``
     depthwise conv, int32 accumulators in a numba loop (|acc| <= 128 * 127 * kh * kw plus
     the bias; the contract's acc_bound < 2^31 is proven at quantization), requantize in
     int64: exact by integer arithmetic.
+``numpy-max``
+    max pool: numpy ``maximum`` over the window taps (int8, exact).
 ``numba-pool``, ``numba-lut``
-    max / average pool and table-driven add / concat / rescale / LUT in numba loops,
-    integer arithmetic (tables hold the contract's int64 formula for every input code).
+    average pool and table-driven add / concat / rescale / LUT in numba loops, integer
+    arithmetic (tables hold the contract's int64 formula for every input code).
 ``numpy``
     layout ops and CPU float ops: the reference's own :func:`run_layer
     <dnnfab.sw.cpu.reference.run_layer>` (one task; pure data movement or the float
@@ -73,8 +76,6 @@ U8S8_MAX_K = (2**31 - 1) // (255 * 128)
 #: float32 holds every integer of magnitude <= 2^24
 F32_EXACT = 2**24
 GEMM_ENGINE_NAMES = ("ort-u8s8", "ort-u8u8", "blas-f32")
-#: first-layer convs: at most this many input channels per group go to ``ort-f32-conv``
-F32_CONV_MAX_CIN = 4
 
 _VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 _ARM_DOT_FLAGS = frozenset({"asimddp"})
@@ -196,20 +197,21 @@ def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
         if kind == "depthwise" and numba:
             return EngineChoice("numba-dw", "depthwise: int32 taps in a numba loop (no GEMM "
                                 "to feed; exact integer arithmetic)")
-        if kind == "dense" and cig <= F32_CONV_MAX_CIN and kh * kw > 1 and ort and \
-                options.gemm_engine != "numpy" and len(in_shape) == 4 and not features.int8_dot:
-            if f32_conv_exact(L.qweight):
-                return EngineChoice("ort-f32-conv", f"{cig} input channels (im2col would copy "
-                                    f"{cig}-byte runs); 128*max sum|w| <= 2^24 so float32 "
-                                    "conv is exact")
         if kind == "depthwise":
+            if ort and len(in_shape) == 4 and f32_conv_exact(L.qweight):
+                return EngineChoice("ort-f32-conv", "depthwise without numba: float32 conv, "
+                                    "exact as 128*max sum|w| <= 2^24")
             return EngineChoice("blas-f32", "depthwise without numba: the reference's "
                                 "float32 taps (exact below 2^24)")
         return select_gemm_engine(k, features, options, ort)
     if op == "gemm":
         return select_gemm_engine(int(L.qweight.shape[1]), features, options, ort)
-    if op in ("maxpool", "avgpool") and numba and len(in_shape) == 4:
-        return EngineChoice("numba-pool", "integer window loop on bands of output rows")
+    if op == "maxpool" and len(in_shape) == 4:
+        return EngineChoice("numpy-max", "window maximum as numpy ufuncs on bands of output "
+                            "rows (vectorized, GIL released); exact on int8")
+    if op == "avgpool" and numba and len(in_shape) == 4:
+        return EngineChoice("numba-pool", "integer window sums and int64 requantize on bands "
+                            "of output rows")
     if op == "add" and numba and len(L.inputs) == 2:
         return EngineChoice("numba-lut", "65536-entry table of the contract's formula, "
                             "indexed by the two input codes")

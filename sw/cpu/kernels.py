@@ -26,8 +26,8 @@ The ``*_rows`` / ``*_range`` kernels are the slices the CPU worker pool
 ``[oy0, oy1)`` (or a flat range), writing into a shared output array; all are ``nogil``,
 so slices of one layer and independent layers really run at once:
 
-* :func:`dwconv_rows`, :func:`maxpool_rows`, :func:`avgpool_rows` -- depthwise conv,
-  max pool (padding never wins) and average pool on a band of output rows;
+* :func:`dwconv_rows`, :func:`avgpool_rows` -- depthwise conv and average pool on a band
+  of output rows;
 * :func:`lut1_range`, :func:`lut2_range` -- the table lookups on ``[i0, i1)``.
 
 ``AVAILABLE`` is False when numba is missing; the reference then (and with
@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["AVAILABLE", "requant_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
-           "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows", "maxpool_rows",
+           "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
            "avgpool_rows", "lut1_range", "lut2_range"]
 
 try:
@@ -235,34 +235,6 @@ if AVAILABLE:
                     for j in range(c):
                         out[b, oy, ox, j] = _rq(np.int64(acc[ox, j]) + bias[j], m[j], n[j],
                                                 zy, lo, hi)
-        return out
-
-    @njit(**_jit)
-    def maxpool_rows(x, kh, kw, sh, sw, dh, dw, pt, pl, oy0, oy1, out):
-        """Max pool of int8 [N, H, W, C] into rows [oy0, oy1) of out [N, Ho, Wo, C];
-        padded taps are skipped (the contract's -128 padding never wins over a real
-        value, and every window holds at least one real value)."""
-        nb, h, wd, c = x.shape
-        _, ho, wo, _ = out.shape
-        best = np.empty(c, np.int8)
-        for b in range(nb):
-            for oy in range(oy0, oy1):
-                for ox in range(wo):
-                    best[:] = -128
-                    for i in range(kh):
-                        iy = oy * sh + i * dh - pt
-                        if iy < 0 or iy >= h:
-                            continue
-                        for k in range(kw):
-                            ix = ox * sw + k * dw - pl
-                            if ix < 0 or ix >= wd:
-                                continue
-                            for j in range(c):
-                                v = x[b, iy, ix, j]
-                                if v > best[j]:
-                                    best[j] = v
-                    for j in range(c):
-                        out[b, oy, ox, j] = best[j]
         return out
 
     @njit(**_jit)

@@ -188,15 +188,19 @@ def _shape_cl(shape):
     return (shape[0], shape[2], shape[3], shape[1])
 
 
-def _band_input(L, x, oy0, oy1, kh):
-    """Input rows needed by output rows [oy0, oy1): (a, b) clipped to the image and the
-    top / bottom padding still needed."""
-    h = x.shape[1]
-    sh, dh, pt = L.stride[0], L.dilation[0], L.pad[0]
+def _band_rows(oy0, oy1, sh, dh, pt, kh, h):
+    """Input rows [a, b) of an image of height h that output rows [oy0, oy1) read, and the
+    padding rows still needed above and below (a band may lie wholly in the padding)."""
     lo = oy0 * sh - pt
     hi = (oy1 - 1) * sh + (kh - 1) * dh - pt + 1
-    a, b = max(lo, 0), min(hi, h)
-    return a, b, a - lo, hi - b
+    a = min(max(lo, 0), h)
+    b = max(min(hi, h), a)
+    return a, b, max(0, min(0, hi) - lo), max(0, hi - max(h, lo))
+
+
+def _band_input(L, x, oy0, oy1, kh):
+    """:func:`_band_rows` of a conv ``L`` on the NHWC input ``x``."""
+    return _band_rows(oy0, oy1, L.stride[0], L.dilation[0], L.pad[0], kh, x.shape[1])
 
 
 def _padded(band, pads, zx, u8):
@@ -377,6 +381,11 @@ class _F32ConvProg(_Prog):
         self.split = "rows" if len(parts) > 1 else "none"
         self.parts, self.slices = parts, len(parts)
         probe = np.empty(shape_cl, np.int8)
+        if any(_band_input(L, probe, a, b, kh)[1] == _band_input(L, probe, a, b, kh)[0]
+               for a, b in parts):
+            parts = [(0, ho)]   # a band wholly in the padding: one session for the layer
+        self.split = "rows" if len(parts) > 1 else "none"
+        self.parts, self.slices = parts, len(parts)
         self.bands, self.engines = [], []
         for oy0, oy1 in parts:
             a, b, ptop, pbot = _band_input(L, probe, oy0, oy1, kh)
@@ -437,31 +446,58 @@ class _DwProg(_Prog):
 
 
 class _PoolProg(_Prog):
-    """Max / average pool: numba kernels on bands of output rows."""
+    """Max / average pool on bands of output rows: max pool as numpy ``maximum`` over the
+    window taps of the band (padding -128 never wins; the ufuncs release the GIL and
+    vectorize), average pool in the numba kernel."""
 
     def __init__(self, L, choice, shape_cl, threads):
         super().__init__(L, choice)
         n_, h, w, c = shape_cl
-        pads, ho, wo = pool_geom(L, np.empty((n_, h, w, c), np.int8))
+        self.pads, ho, wo = pool_geom(L, np.empty((n_, h, w, c), np.int8))
         self.oshape = (n_, ho, wo, c)
         geo = (int(L.kernel[0]), int(L.kernel[1]), int(L.stride[0]), int(L.stride[1]),
-               int(L.dilation[0]), int(L.dilation[1]), int(pads[0]), int(pads[1]))
-        if L.op == "maxpool":
-            self.kernel, self.args = _K.maxpool_rows, geo
-        else:
+               int(L.dilation[0]), int(L.dilation[1]), int(self.pads[0]), int(self.pads[1]))
+        if L.op == "avgpool":
             m = np.ascontiguousarray(np.broadcast_to(L.m, (ho, wo)), dtype=np.int64)
             nn = np.ascontiguousarray(np.broadcast_to(L.n, (ho, wo)), dtype=np.int64)
-            self.kernel = _K.avgpool_rows
             self.args = geo + (int(L.zx), m, nn, int(L.zy), int(L.lo), int(L.hi))
         work = n_ * ho * wo * c * L.kernel[0] * L.kernel[1] // 4
         self.parts = _row_parts(ho, work, threads)
         self.slices = len(self.parts)
         self.split = "rows" if self.slices > 1 else "none"
 
+    def _max_band(self, x, oy0, oy1, y):
+        L = self.L
+        kh, kw = L.kernel
+        t, l, b, r = self.pads
+        a, bb, pt, pb = _band_rows(oy0, oy1, L.stride[0], L.dilation[0], t, kh, x.shape[1])
+        band = x[:, a:bb]
+        n_, hb, wb, c = band.shape
+        if pt or pb or l or r:
+            xp = np.empty((n_, hb + pt + pb, wb + l + r, c), np.int8)
+            xp[:, :pt] = -128
+            xp[:, pt + hb:] = -128
+            xp[:, pt:pt + hb, :l] = -128
+            xp[:, pt:pt + hb, l + wb:] = -128
+            xp[:, pt:pt + hb, l:l + wb] = band
+        else:
+            xp = band
+        win = windows_nhwc(xp, kh, kw, L.stride, L.dilation, oy1 - oy0, self.oshape[2])
+        dst = y[:, oy0:oy1]
+        np.copyto(dst, win[:, :, :, 0, 0, :])
+        for i in range(kh):
+            for j in range(kw):
+                if i or j:
+                    np.maximum(dst, win[:, :, :, i, j, :], out=dst)
+
     def bind(self, env):
         x = env.cl(self.L.input)
         y = np.empty(self.oshape, np.int8)
-        tasks = [lambda a=a, b=b: self.kernel(x, *self.args, a, b, y) for a, b in self.parts]
+        if self.L.op == "maxpool":
+            tasks = [lambda a=a, b=b: self._max_band(x, a, b, y) for a, b in self.parts]
+        else:
+            tasks = [lambda a=a, b=b: _K.avgpool_rows(x, *self.args, a, b, y)
+                     for a, b in self.parts]
         return [tasks], lambda: env.put(self.L.output, y, "cl")
 
 
@@ -850,7 +886,7 @@ class CpuWorkers:
                     return _GemmConvProg(L, choice, shape_cl, t)
         if L.op == "gemm" and e in ("ort-u8s8", "ort-u8u8", "blas-f32"):
             return _GemmProg(L, choice, in_shape, t)
-        if e == "numba-pool":
+        if e in ("numba-pool", "numpy-max"):
             return _PoolProg(L, choice, _shape_cl(in_shape), t)
         if e == "numba-lut" and L.op == "add" and \
                 tuple(qg.shape(L.inputs[0])) == tuple(qg.shape(L.inputs[1])):

@@ -111,17 +111,24 @@ def conv_layer(draw):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("engine", ["auto", "numpy"])
+@pytest.mark.parametrize("engine", ["auto", "numpy", "no-numba"])
 @SETTINGS
 @given(case=conv_layer())
 def test_conv_engines_equal_contract(threads, engine, case, split_module):
     x, L = case
     want = G.qconv_int_slow(x, L)
     qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
-    got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, threads, Options(gemm_engine=engine))
+    opts = Options(numba=False) if engine == "no-numba" else Options(gemm_engine=engine)
+    got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, threads, opts)
     np.testing.assert_array_equal(got["y"], _cl_to_lg(want), err_msg=str(rep))
-    if engine == "numpy" and L.groups < L.qweight.shape[0]:
+    depthwise = 1 < L.groups == L.qweight.shape[0] and L.qweight.shape[1] == 1
+    if engine == "numpy" and not depthwise:
         assert rep["c"]["engine"] == "blas-f32"
+    if engine == "no-numba" and depthwise:
+        assert rep["c"]["engine"] in ("ort-f32-conv", "blas-f32")
+    if engine == "auto":
+        assert rep["c"]["engine"] == ("numba-dw" if depthwise else "ort-u8u8" if not HERE.int8_dot
+                                      else "ort-u8s8")
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +238,7 @@ def test_pool_engines_equal_contract(case, threads, split_module):
     want = R.qmaxpool_int(x, L) if L.op == "maxpool" else G.qavgpool_int_slow(x, L)
     qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
     got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, threads)
-    assert rep["p"]["engine"] == "numba-pool"
+    assert rep["p"]["engine"] == ("numpy-max" if L.op == "maxpool" else "numba-pool")
     np.testing.assert_array_equal(got["y"], _cl_to_lg(want))
 
 
@@ -302,19 +309,22 @@ def _conv(cout, cig, k, g=1, wval=None):
 
 def test_selector_conv_kinds():
     shape = (1, 3, 32, 32)
-    # first layer: few channels, float32 partial sums provably exact
-    assert E.select_engine(_conv(8, 3, 3), shape, AVX2).engine == "ort-f32-conv"
-    # where 128 * sum|w| would pass 2^24 float32 is not exact: not chosen
-    huge = _conv(8, 4, 33, wval=127)   # 128 * 4 * 1089 * 127 > 2^24
-    assert not E.f32_conv_exact(huge.qweight)
-    assert E.select_engine(huge, (1, 4, 40, 40), AVX2).engine == "ort-u8u8"
-    # on a VNNI machine the int8 dot product beats the float conv
+    assert E.select_engine(_conv(8, 3, 3), shape, AVX2).engine == "ort-u8u8"
     assert E.select_engine(_conv(8, 3, 3), shape, VNNI).engine == "ort-u8s8"
-    dw = _conv(16, 1, 3, g=16)
-    assert E.select_engine(dw, (1, 16, 8, 8), AVX2).engine == "numba-dw"
-    assert E.select_engine(dw, (1, 16, 8, 8), AVX2, numba=False).engine == "blas-f32"
     assert E.select_engine(_conv(16, 32, 3), (1, 32, 8, 8), AVX2).engine == "ort-u8u8"
     assert E.select_engine(_conv(16, 8, 1, g=4), (1, 32, 8, 8), VNNI).engine == "ort-u8s8"
+    dw = _conv(16, 1, 3, g=16)
+    assert E.select_engine(dw, (1, 16, 8, 8), AVX2).engine == "numba-dw"
+    off = Options(numba=False)
+    assert E.select_engine(dw, (1, 16, 8, 8), AVX2, off).engine == "ort-f32-conv"
+    assert E.select_engine(dw, (1, 16, 8, 8), AVX2, off, ort=False).engine == "blas-f32"
+    # float32 only where 128 * sum|w| <= 2^24: a 363x363 depthwise kernel of 127s is not
+    huge = _conv(4, 1, 363, g=4, wval=127)
+    assert 128 * 363 * 363 * 127 > 2**24 and not E.f32_conv_exact(huge.qweight)
+    assert E.select_engine(huge, (1, 4, 400, 400), AVX2, off).engine == "blas-f32"
+    assert E.f32_conv_exact(_conv(4, 1, 3, g=4, wval=127).qweight)
+    assert E.select_engine(_conv(16, 32, 3), (1, 32, 8, 8), AVX2,
+                           Options(gemm_engine="numpy")).engine == "blas-f32"
 
 
 def test_selector_agrees_with_onnxruntime_here():
