@@ -45,6 +45,11 @@ Direct engines:
     depthwise conv, int32 accumulators in a numba loop (|acc| <= 128 * 127 * kh * kw plus
     the bias; the contract's acc_bound < 2^31 is proven at quantization), requantize in
     int64: exact by integer arithmetic.
+``numba-gemm``
+    small convs / GEMMs (<= 2^17 MACs, where an onnxruntime call's ~20 us dominates;
+    ``Options.gemm_engine="auto"`` only, ``"ort"`` keeps them on onnxruntime): int8
+    products summed in int32 in a numba loop (|sum| <= 128 * 128 * K < 2^31 for
+    K <= 131071), requantize fused in int64: exact by integer arithmetic.
 ``numpy-max``
     max pool: numpy ``maximum`` over the window taps (int8, exact).
 ``numba-pool``, ``numba-lut``
@@ -73,6 +78,10 @@ __all__ = ["CpuFeatures", "EngineChoice", "select_engine", "select_gemm_engine",
 U8U8_MAX_K = (2**31 - 1) // (255 * 255)
 #: largest K of the uint8 x int8 engine: 255 * 128 * K < 2^31
 U8S8_MAX_K = (2**31 - 1) // (255 * 128)
+#: layers up to this many MACs go to the numba GEMM (an onnxruntime call costs ~20 us)
+NUMBA_GEMM_MAX_MACS = 1 << 17
+#: int32 sums of int8 x int8 products are exact for K <= this (128 * 128 * K < 2^31)
+NUMBA_GEMM_MAX_K = (2**31 - 1) // (128 * 128)
 #: float32 holds every integer of magnitude <= 2^24
 F32_EXACT = 2**24
 GEMM_ENGINE_NAMES = ("ort-u8s8", "ort-u8u8", "blas-f32")
@@ -184,6 +193,18 @@ def layer_geometry(L, in_shape):
     return kind, cig * kh * kw, None, cout
 
 
+def _conv_macs(L, in_shape):
+    if len(in_shape) not in (3, 4):
+        return None
+    n_ = in_shape[0]
+    h, w = (1, in_shape[2]) if len(in_shape) == 3 else in_shape[2:4]
+    cout, cig, kh, kw = L.qweight.shape
+    t, l, b, r = L.pad
+    ho = (h + t + b - (kh - 1) * L.dilation[0] - 1) // L.stride[0] + 1
+    wo = (w + l + r - (kw - 1) * L.dilation[1] - 1) // L.stride[1] + 1
+    return int(n_ * ho * wo * cout * cig * kh * kw)
+
+
 def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
     """The engine for layer ``L`` (a layer of a QuantizedGraph) whose (first) input has
     the logical shape ``in_shape``, on a CPU with ``features``: an :class:`EngineChoice`.
@@ -203,9 +224,20 @@ def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
                                     "exact as 128*max sum|w| <= 2^24")
             return EngineChoice("blas-f32", "depthwise without numba: the reference's "
                                 "float32 taps (exact below 2^24)")
+        macs = _conv_macs(L, in_shape)
+        if numba and options.gemm_engine == "auto" and macs is not None and \
+                macs <= NUMBA_GEMM_MAX_MACS and k <= NUMBA_GEMM_MAX_K:
+            return EngineChoice("numba-gemm", f"{macs} MACs: an onnxruntime call would cost "
+                                "more; int32 sums in a numba loop (exact, K <= 131071)")
         return select_gemm_engine(k, features, options, ort)
     if op == "gemm":
-        return select_gemm_engine(int(L.qweight.shape[1]), features, options, ort)
+        k = int(L.qweight.shape[1])
+        macs = int(np.prod(in_shape[:-1])) * k * int(L.qweight.shape[0]) if in_shape else None
+        if numba and options.gemm_engine == "auto" and macs is not None and \
+                macs <= NUMBA_GEMM_MAX_MACS and k <= NUMBA_GEMM_MAX_K:
+            return EngineChoice("numba-gemm", f"{macs} MACs: an onnxruntime call would cost "
+                                "more; int32 sums in a numba loop (exact, K <= 131071)")
+        return select_gemm_engine(k, features, options, ort)
     if op == "maxpool" and len(in_shape) == 4:
         return EngineChoice("numpy-max", "window maximum as numpy ufuncs on bands of output "
                             "rows (vectorized, GIL released); exact on int8")

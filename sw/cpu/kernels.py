@@ -278,3 +278,25 @@ if AVAILABLE:
         for i in range(i0, i1):
             out[i] = table[(np.int32(a[i]) & 0xFF) << 8 | (np.int32(b[i]) & 0xFF)]
         return out
+
+
+if AVAILABLE:
+    @njit(**_jit)
+    def gemm_rq(x, w, bias, m, n, zy, lo, hi, c0, c1, out):
+        """Small exact GEMM with the requantize fused: out[i, j] = rq(sum_k x[i, k] * w[k, j]
+        + bias[j]) for columns j in [c0, c1). x int8 [M, K]; w int32 [K, N]; int32 sums are
+        exact while K * 128 * 128 < 2^31 (callers keep K <= 131071)."""
+        rows, k = x.shape
+        acc = np.empty(c1 - c0, np.int32)
+        for i in range(rows):
+            for j in range(c1 - c0):
+                acc[j] = 0
+            for t in range(k):
+                xv = np.int32(x[i, t])
+                wr = w[t, c0:c1]
+                for j in range(c1 - c0):
+                    acc[j] += xv * wr[j]
+            for j in range(c1 - c0):
+                out[i, c0 + j] = _rq(np.int64(acc[j]) + bias[c0 + j], m[c0 + j], n[c0 + j],
+                                     zy, lo, hi)
+        return out

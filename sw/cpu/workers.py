@@ -367,6 +367,58 @@ class _GemmConvProg(_Prog):
         return [tasks], lambda: env.put(L.output, y, "cl")
 
 
+class _SmallGemmProg(_Prog):
+    """Small conv / GEMM: int8 im2col (padding zx) and the fused numba GEMM + requantize
+    (``kernels.gemm_rq``), one task; grouped weights as a block-diagonal dense matrix."""
+
+    def __init__(self, L, choice, in_shape):
+        super().__init__(L, choice)
+        if L.op == "conv":
+            cout, cig, kh, kw = L.qweight.shape
+            g = L.groups
+            cog = cout // g
+            self.shape_cl = _shape_cl(in_shape)
+            self.oshape = _conv_out(L, self.shape_cl)
+            cin = self.shape_cl[3]
+            wd = np.zeros((kh, kw, cin, cout), np.int32)
+            for i in range(g):
+                wd[:, :, i * cig:(i + 1) * cig, i * cog:(i + 1) * cog] = \
+                    L.qweight[i * cog:(i + 1) * cog].transpose(2, 3, 1, 0)
+            self.w = wd.reshape(kh * kw * cin, cout)
+        else:
+            cout = L.qweight.shape[0]
+            self.w = np.ascontiguousarray(L.qweight.T, dtype=np.int32)
+        self.rq = R._per_channel(cout, L.bias, L.m, L.n) + (int(L.zy), int(L.lo), int(L.hi))
+        self.cout = cout
+
+    def _cols(self, x):
+        L = self.L
+        cout, cig, kh, kw = L.qweight.shape
+        n_, ho, wo, _ = self.oshape
+        if kh == kw == 1 and not any(L.pad):
+            sub = x[:, ::L.stride[0], ::L.stride[1], :][:, :ho, :wo, :]
+            return np.ascontiguousarray(sub).reshape(n_ * ho * wo, -1)
+        xp = pad_nhwc(x, L.pad, np.int8(L.zx))
+        win = windows_nhwc(xp, kh, kw, L.stride, L.dilation, ho, wo)
+        return np.ascontiguousarray(win).reshape(n_ * ho * wo, -1)
+
+    def bind(self, env):
+        L = self.L
+        if L.op == "conv":
+            x = env.cl(L.input)
+            y = np.empty(self.oshape, np.int8)
+
+            def t():
+                _K.gemm_rq(self._cols(x), self.w, *self.rq, 0, self.cout, y.reshape(-1, self.cout))
+            return [[t]], lambda: env.put(L.output, y, "cl")
+        x = env.lg(L.input)
+        shp = x.shape
+        x2 = np.ascontiguousarray(x).reshape(-1, shp[-1])
+        y = np.empty((x2.shape[0], self.cout), np.int8)
+        return [[lambda: _K.gemm_rq(x2, self.w, *self.rq, 0, self.cout, y)]], \
+            lambda: env.put(L.output, y.reshape(shp[:-1] + (self.cout,)), "lg")
+
+
 class _F32ConvProg(_Prog):
     """Conv with few input channels through onnxruntime float Conv, one session per band of
     output rows (exact: 128 * max sum|w| <= 2^24, checked by the selector)."""
@@ -872,6 +924,8 @@ class CpuWorkers:
         numba = _K.AVAILABLE
         choice = select_engine(L, in_shape, self.features, opts, numba=numba, ort=_ort_ok())
         e = choice.engine
+        if e == "numba-gemm" and L.op in ("conv", "gemm"):
+            return _SmallGemmProg(L, choice, in_shape)
         if L.op == "conv" and len(in_shape) in (3, 4):
             shape_cl = _shape_cl(in_shape)
             if e == "numba-dw":

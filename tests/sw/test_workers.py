@@ -111,7 +111,7 @@ def conv_layer(draw):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("engine", ["auto", "numpy", "no-numba"])
+@pytest.mark.parametrize("engine", ["auto", "ort", "numpy", "no-numba"])
 @SETTINGS
 @given(case=conv_layer())
 def test_conv_engines_equal_contract(threads, engine, case, split_module):
@@ -126,9 +126,11 @@ def test_conv_engines_equal_contract(threads, engine, case, split_module):
         assert rep["c"]["engine"] == "blas-f32"
     if engine == "no-numba" and depthwise:
         assert rep["c"]["engine"] in ("ort-f32-conv", "blas-f32")
-    if engine == "auto":
+    if engine == "ort":
         assert rep["c"]["engine"] == ("numba-dw" if depthwise else "ort-u8u8" if not HERE.int8_dot
                                       else "ort-u8s8")
+    if engine == "auto":
+        assert rep["c"]["engine"] in ("numba-dw", "numba-gemm", "ort-u8u8", "ort-u8s8")
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +163,7 @@ def gemm_layer(draw):
     return x, QGemm("f", "x", "y", qw, bias, m, n, zx, zy, lo, hi)
 
 
-@pytest.mark.parametrize("engine", ["auto", "numpy"])
+@pytest.mark.parametrize("engine", ["auto", "ort", "numpy"])
 @SETTINGS
 @given(case=gemm_layer(), threads=st.integers(1, 3))
 def test_gemm_engines_equal_contract(engine, case, threads, split_module):
@@ -170,7 +172,9 @@ def test_gemm_engines_equal_contract(engine, case, threads, split_module):
     qg = _graph(L, {"x": x.shape}, want.shape)
     got, rep = _run_workers(qg, {"x": x}, threads, Options(gemm_engine=engine))
     np.testing.assert_array_equal(got["y"], want)
+    small = x.shape[0] * x.shape[1] * L.qweight.shape[0] <= E.NUMBA_GEMM_MAX_MACS
     assert rep["f"]["engine"] == ("blas-f32" if engine == "numpy" else
+                                  "numba-gemm" if engine == "auto" and small else
                                   E.select_gemm_engine(x.shape[1], HERE).engine)
 
 
@@ -183,7 +187,7 @@ def test_u8s8_path_exact_where_no_pair_can_saturate(case, threads, split_module)
     L.qweight = np.clip(L.qweight, -63, 63)
     want = G.qgemm_int_slow(x, L)
     qg = _graph(L, {"x": x.shape}, want.shape)
-    got, rep = _run_workers(qg, {"x": x}, threads, features=VNNI)
+    got, rep = _run_workers(qg, {"x": x}, threads, Options(gemm_engine="ort"), features=VNNI)
     assert rep["f"]["engine"] == "ort-u8s8"
     np.testing.assert_array_equal(got["y"], want)
 
@@ -198,7 +202,8 @@ def test_u8s8_conv_path_exact_with_7bit_weights(split_module):
         x = _int8(rng, (1, 9, 7, cin))
         want = G.qconv_int_slow(x, L)
         qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
-        got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, 2, features=VNNI)
+        got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, 2, Options(gemm_engine="ort"),
+                                features=VNNI)
         assert rep["c"]["engine"] == "ort-u8s8"
         np.testing.assert_array_equal(got["y"], _cl_to_lg(want))
 
@@ -307,12 +312,24 @@ def _conv(cout, cig, k, g=1, wval=None):
                  (0, 0, 0, 0), (1, 1), g)
 
 
+def test_selector_small_layers_on_numba():
+    small = _conv(8, 3, 3)
+    assert E.select_engine(small, (1, 3, 8, 8), AVX2).engine == "numba-gemm"
+    assert E.select_engine(small, (1, 3, 8, 8), AVX2, Options(gemm_engine="ort")).engine == "ort-u8u8"
+    assert E.select_engine(small, (1, 3, 8, 8), AVX2, Options(numba=False)).engine == "ort-u8u8"
+    assert E.select_engine(small, (1, 3, 64, 64), AVX2).engine == "ort-u8u8"   # 2.2 M MACs
+    fc = QGemm("f", "x", "y", np.ones((10, 64), np.int8), *([np.ones(10, np.int32)] * 3),
+               0, 0, -128, 127)
+    assert E.select_engine(fc, (1, 64), AVX2).engine == "numba-gemm"
+    assert E.select_engine(fc, (4096, 64), AVX2).engine == "ort-u8u8"
+
+
 def test_selector_conv_kinds():
     shape = (1, 3, 32, 32)
     assert E.select_engine(_conv(8, 3, 3), shape, AVX2).engine == "ort-u8u8"
     assert E.select_engine(_conv(8, 3, 3), shape, VNNI).engine == "ort-u8s8"
-    assert E.select_engine(_conv(16, 32, 3), (1, 32, 8, 8), AVX2).engine == "ort-u8u8"
-    assert E.select_engine(_conv(16, 8, 1, g=4), (1, 32, 8, 8), VNNI).engine == "ort-u8s8"
+    assert E.select_engine(_conv(16, 32, 3), (1, 32, 16, 16), AVX2).engine == "ort-u8u8"
+    assert E.select_engine(_conv(16, 8, 1, g=4), (1, 32, 64, 64), VNNI).engine == "ort-u8s8"
     dw = _conv(16, 1, 3, g=16)
     assert E.select_engine(dw, (1, 16, 8, 8), AVX2).engine == "numba-dw"
     off = Options(numba=False)
