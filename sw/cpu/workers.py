@@ -56,10 +56,10 @@ from .options import Options
 __all__ = ["CpuWorkers", "CpuTaskError"]
 
 #: a conv/GEMM below this many MACs, or a pool/table below this many outputs, is one task
-SPLIT_MIN_MACS = 1 << 21
+SPLIT_MIN_MACS = 1 << 23
 SPLIT_MIN_ELEMS = 1 << 15
 #: row bands need at least this many output pixels per band (else: channel slices)
-BAND_MIN_ROWS = 32
+BAND_MIN_ROWS = 64
 
 
 class CpuTaskError(DnnfabError, RuntimeError):
