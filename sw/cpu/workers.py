@@ -858,7 +858,9 @@ class _Run:
         for L in self.layers:
             if self.pending[id(L)] == 0:
                 first += self._start_layer(L)
-        self.pool.push(first)
+        if first:   # the caller starts on the first task itself: no hand-off to begin with
+            self.pool.push(first[1:])
+            self.pool._chain(first[0][1])
         self.pool.drain(self.done)
         if self.error is not None:
             _raise(*self.error)

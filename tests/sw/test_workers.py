@@ -520,3 +520,26 @@ def test_profile_measured_cached_and_remeasured(tmp_path, zoo):
     assert all(again._data[s]["1"]["runs"] == 2 for s in again.signatures())
     other = CpuProfile(path, features=VNNI)       # another machine: its own entries
     assert other.signatures() == []
+
+
+# ---------------------------------------------------------------- the benchmark script
+def test_bench_cpu_script_small(tmp_path):
+    """scripts/bench_cpu.py runs through its own command line (small form) and writes the
+    fields the issue names; the workers' result is bit-exact."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "cpu.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_cpu.py", "--models", "digits-cnn",
+                           "--repeat", "1", "--pause", "0", "--json", "--out", str(out)],
+                          cwd=repo, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    (row,) = data["results"]
+    for key in ("workers_ms_1t", "workers_ms_2t", "ort_int8_ms_1t", "ort_int8_ms_2t",
+                "speedup_2t_vs_1t", "ratio_vs_ort_int8_2t"):
+        assert row[key] > 0, key
+    assert row["model"] == "digits-cnn" and row["bit_exact"] and row["engine"]
+    assert data["machine"]["u8s8_exact"] == HERE.int8_dot
+    assert data["machine_scaling"]["before"]["scaling"] > 0
