@@ -300,3 +300,4 @@ if AVAILABLE:
                 out[i, c0 + j] = _rq(np.int64(acc[j]) + bias[c0 + j], m[c0 + j], n[c0 + j],
                                      zy, lo, hi)
         return out
+

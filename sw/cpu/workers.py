@@ -58,6 +58,9 @@ __all__ = ["CpuWorkers", "CpuTaskError"]
 #: a conv/GEMM below this many MACs, or a pool/table below this many outputs, is one task
 SPLIT_MIN_MACS = 1 << 23
 SPLIT_MIN_ELEMS = 1 << 15
+#: from this many MACs a layer gets 2 slices per thread: a thread that the OS preempts
+#: (a shared machine) then holds up at most half of its share, the others take the rest
+BIG_MACS = 1 << 25
 #: row bands need at least this many output pixels per band (else: channel slices)
 BAND_MIN_ROWS = 64
 
@@ -279,12 +282,13 @@ class _GemmConvProg(_Prog):
                             for v in (L.m, L.n))
         m = n_ * ho * wo
         macs = m * cig * kh * kw * cout
+        k = threads * (2 if macs >= BIG_MACS else 1)
         if macs < SPLIT_MIN_MACS or threads == 1:
             self.split, parts = "none", [(0, ho)]
-        elif ho >= 2 and m >= BAND_MIN_ROWS * min(threads, ho) and n_ == 1:
-            self.split, parts = "rows", _split(ho, threads)
-        elif mode in ("dense", "blockdiag") and cout >= 8 * threads:
-            self.split, parts = "channels", _split(cout, threads)
+        elif ho >= 2 and m >= BAND_MIN_ROWS * min(k, ho) and n_ == 1:
+            self.split, parts = "rows", _split(ho, k)
+        elif mode in ("dense", "blockdiag") and cout >= 8 * k:
+            self.split, parts = "channels", _split(cout, k)
         elif ho >= 2:
             self.split, parts = "rows", _split(ho, threads)
         else:
@@ -652,10 +656,11 @@ class _GemmProg(_Prog):
         self.bias = bias - 128 * colsum if self.u8 else bias
         self.m_, self.n_ = (np.ascontiguousarray(np.broadcast_to(np.asarray(v, np.int64), (nout,)))
                             for v in (L.m, L.n))
-        if rows * k * nout < SPLIT_MIN_MACS or threads == 1 or nout < 2 * threads:
+        macs = rows * k * nout
+        if macs < SPLIT_MIN_MACS or threads == 1 or nout < 2 * threads:
             self.parts = [(0, nout)]
         else:
-            self.parts = _split(nout, threads)
+            self.parts = _split(nout, threads * (2 if macs >= BIG_MACS else 1))
         self.slices = len(self.parts)
         self.split = "channels" if self.slices > 1 else "none"
         self.engines = []
