@@ -44,7 +44,7 @@ import weakref
 import numpy as np
 
 from ...errors import DnnfabError
-from ..ir.graph import pad_nhwc, windows_nhwc
+from ..ir.graph import windows_nhwc
 from ..ref.golden import pool_geom
 from ..ir.qgraph import requantize
 from . import kernels as _K
@@ -207,11 +207,15 @@ def _band_input(L, x, oy0, oy1, kh):
 
 
 def _padded(band, pads, zx, u8):
-    """The band (int8 NHWC) padded with ``zx``: uint8 ``x + 128`` (``u8``) or float32. A few
-    whole-array numpy operations (each releases the GIL), no np.pad."""
+    """The band (int8 NHWC) padded with ``zx``: uint8 ``x + 128`` (``u8`` True), float32
+    (False) or int8 as it is (``"i8"``). A few whole-array numpy operations (each releases
+    the GIL), no np.pad."""
     t, l, b, r = pads
     n_, h, w, c = band.shape
-    if u8:
+    if u8 == "i8":
+        xp = np.empty((n_, h + t + b, w + l + r, c), np.int8)
+        fill = np.int8(zx)
+    elif u8:
         xp = np.empty((n_, h + t + b, w + l + r, c), np.uint8)
         fill = np.uint8(zx + 128)
     else:
@@ -226,7 +230,7 @@ def _padded(band, pads, zx, u8):
     if r:
         xp[:, t:t + h, l + w:] = fill
     inner = xp[:, t:t + h, l:l + w]
-    if u8:
+    if u8 is True:
         np.bitwise_xor(band.view(np.uint8), np.uint8(0x80), out=inner)
     else:
         inner[...] = band
@@ -402,7 +406,7 @@ class _SmallGemmProg(_Prog):
         if kh == kw == 1 and not any(L.pad):
             sub = x[:, ::L.stride[0], ::L.stride[1], :][:, :ho, :wo, :]
             return np.ascontiguousarray(sub).reshape(n_ * ho * wo, -1)
-        xp = pad_nhwc(x, L.pad, np.int8(L.zx))
+        xp = _padded(x, L.pad, L.zx, "i8") if any(L.pad) else x
         win = windows_nhwc(xp, kh, kw, L.stride, L.dilation, ho, wo)
         return np.ascontiguousarray(win).reshape(n_ * ho * wo, -1)
 
@@ -705,7 +709,10 @@ class _Pool:
     reference to the CpuWorkers that owns it."""
 
     def __init__(self, n):
-        self.cv = threading.Condition()
+        lock = threading.Lock()
+        self.cv = threading.Condition(lock)         # pool threads wait here for tasks
+        self.caller_cv = threading.Condition(lock)  # the caller of drain waits here
+        self.caller_waiting = False
         self.heap = []
         self.seq = itertools.count()
         self.stop = False
@@ -722,6 +729,8 @@ class _Pool:
             for prio, fn in items:
                 heapq.heappush(self.heap, (prio, next(self.seq), fn))
             self.cv.notify(len(items))
+            if self.caller_waiting:
+                self.caller_cv.notify()
 
     def _chain(self, fn):
         while fn is not None:
@@ -747,18 +756,26 @@ class _Pool:
         while True:
             with self.cv:
                 while not self.heap and not done():
-                    self.cv.wait()
+                    self.caller_waiting = True
+                    self.caller_cv.wait()
+                    self.caller_waiting = False
                 if done():
                     return
                 fn = heapq.heappop(self.heap)[2]
             self._chain(fn)
             fn = None
 
+    def wake_caller(self):
+        """Tell a waiting caller to look again (its run may be done); call holding cv."""
+        if self.caller_waiting:
+            self.caller_cv.notify()
+
     def shutdown(self):
         with self.cv:
             self.stop = True
             self.heap.clear()
             self.cv.notify_all()
+            self.caller_cv.notify_all()
         me = threading.current_thread()
         for t in self.threads:
             if t is not me:
@@ -834,7 +851,7 @@ class _Run:
                 with self.pool.cv:
                     self.inflight -= 1
                     if self.done():
-                        self.pool.cv.notify_all()
+                        self.pool.wake_caller()
                 return follow
             return task
 
@@ -855,7 +872,7 @@ class _Run:
             out += self._start_layer(c)
         if self.remaining == 0:
             with self.pool.cv:
-                self.pool.cv.notify_all()
+                self.pool.wake_caller()
         return out
 
     def run(self):
