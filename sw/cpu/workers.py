@@ -375,6 +375,67 @@ class _GemmConvProg(_Prog):
         return [tasks], lambda: env.put(L.output, y, "cl")
 
 
+class _FusedConvProg(_Prog):
+    """A :class:`_GemmConvProg` (sharing its engine sessions) with what follows it fused
+    into its requantize, for whole-graph runs: a ShuffleNet channel shuffle
+    (``reshape -> transpose (0, 2, 1, 3, 4) -> reshape``) as a permutation of the output
+    channels (``out[:, k] = rq(acc[:, src[k]])``), and/or the two-input residual add that is
+    its only consumer (``kernels.requant_add``: the conv's int8 output is requantized, then
+    added with the contract's formula, never stored). Batch 1; a channel-sliced conv fuses
+    only the add."""
+
+    def __init__(self, base, src, add, other, first, output, fused):
+        super().__init__(base.L, base.choice)
+        self.base, self.src, self.add, self.other, self.first = base, src, add, other, first
+        self.output, self.fused = output, fused
+        self.split, self.slices = base.split, base.slices
+        if src is not None:
+            self.src = np.ascontiguousarray(src, dtype=np.int64)
+        if add is not None:
+            self.addp = (bool(first), int(add.k[0]), int(add.z[0]), int(add.k[1]), int(add.z[1]),
+                         int(add.m), int(add.n), int(add.zy), int(add.lo), int(add.hi))
+
+    def bind(self, env):
+        b, L = self.base, self.L
+        x = env.cl(L.input)
+        y = np.empty(b.oshape, np.int8)
+        cout = b.oshape[3]
+        rq = (b.bias, b.m_, b.n_, int(L.zy), int(L.lo), int(L.hi))
+        other = None if self.add is None else np.ascontiguousarray(env.cl(self.other))
+        tasks = []
+        if b.split == "channels":      # add only (no permutation): column ranges
+            y2, o2 = y.reshape(-1, cout), other.reshape(-1, cout)
+            ho = b.oshape[1]
+            for (c0, c1), eng in zip(b.parts, b.engines):
+                def t(c0=c0, c1=c1, eng=eng):
+                    acc = eng(b._cols(x, 0, ho))
+                    _K.requant_add(acc, rq[0][c0:c1], rq[1][c0:c1], rq[2][c0:c1], *rq[3:],
+                                   o2[:, c0:c1], *self.addp, y2[:, c0:c1])
+                tasks.append(t)
+            return [tasks], lambda: env.put(self.output, y, "cl")
+        for (oy0, oy1), eng in zip(b.parts, b.engines):
+            def t(oy0=oy0, oy1=oy1, eng=eng):
+                acc = b._acc(eng, x, oy0, oy1)
+                out = y[0, oy0:oy1].reshape(-1, cout)
+                if other is None:
+                    _K.requant_rows_perm(acc, *rq, self.src, out)
+                    return
+                o = other[0, oy0:oy1].reshape(-1, cout)
+                if self.src is None:
+                    _K.requant_add(acc, *rq, o, *self.addp, out)
+                else:
+                    _K.requant_add_perm(acc, *rq, self.src, o, *self.addp, out)
+            tasks.append(t)
+        return [tasks], lambda: env.put(self.output, y, "cl")
+
+
+class _Step:
+    """A step of a whole-graph run: a layer, or a conv with layers fused into it."""
+
+    def __init__(self, L, inputs, output):
+        self.name, self.op, self.inputs, self.output = L.name, L.op, list(inputs), output
+
+
 class _SmallGemmProg(_Prog):
     """Small conv / GEMM: int8 im2col (padding zx) and the fused numba GEMM + requantize
     (``kernels.gemm_rq``), one task; grouped weights as a block-diagonal dense matrix."""
@@ -787,8 +848,10 @@ class _Run:
     """One execution of a list of layers (topological order) on the pool. Every task is a
     wrapped slice; it returns the (prio, task) pairs it made ready."""
 
-    def __init__(self, workers, env, layers):
-        self.w, self.env, self.pool = workers, env, workers._pool
+    def __init__(self, workers, env, layers, progs=None):
+        self.env, self.pool = env, workers._pool
+        self.progs = workers._progs if progs is None else progs
+        self.pos = workers._pos
         self.layers = list(layers)
         produced = {L.output: L for L in self.layers}
         self.pending = {}
@@ -817,7 +880,7 @@ class _Run:
         if self.error is not None:
             return []
         try:
-            stages, finish = self.w._progs[id(L)].bind(self.env)
+            stages, finish = self.progs[id(L)].bind(self.env)
         except Exception as exc:  # noqa: BLE001 - reported to the caller with the layer
             self._fail(L, exc)
             return []
@@ -834,7 +897,7 @@ class _Run:
             return self._layer_done(L)
         tasks = stages[i]
         left = [len(tasks)]
-        prio = self.w._pos[id(L)]
+        prio = self.pos[id(L)]
 
         def wrap(fn):
             def task():
@@ -909,6 +972,52 @@ def _run_inline(progs, env, layers):
             _raise(L, exc)
 
 
+def _shuffle_after(qg, L, cons, outputs):
+    """(src, [reshape, transpose, reshape]) when conv ``L``'s output only feeds a channel
+    shuffle back to its own shape (FastPlan's pattern); src[k] = the conv channel that ends
+    up as channel k."""
+    def only(t):
+        c = cons.get(t, [])
+        return c[0] if len(c) == 1 and t not in outputs else None
+
+    r1 = only(L.output)
+    if r1 is None or r1.op != "reshape":
+        return None
+    tr = only(r1.output)
+    if tr is None or tr.op != "transpose" or tuple(tr.attr) != (0, 2, 1, 3, 4):
+        return None
+    r2 = only(tr.output)
+    if r2 is None or r2.op != "reshape":
+        return None
+    s0, s1, s3 = (tuple(qg.shape(t)) for t in (L.output, r1.output, r2.output))
+    if len(s0) != 4 or len(s1) != 5 or s3 != s0:
+        return None
+    n_, c, h, w = s0
+    if s1[0] != n_ or s1[3:] != (h, w) or s1[1] * s1[2] != c:
+        return None
+    g, cpg = s1[1], s1[2]
+    return np.arange(c).reshape(g, cpg).T.reshape(-1), [r1, tr, r2]
+
+
+def _add_after(qg, L, out, cons, outputs, pos):
+    """The two-input add (scalar m, n) that is the only consumer of ``out`` (the output of
+    conv ``L``, maybe after a fused shuffle) and whose other input of the same shape is
+    made before ``L``; else None."""
+    users = cons.get(out, [])
+    if len(users) != 1 or out in outputs or users[0].op != "add":
+        return None
+    add = users[0]
+    if len(add.inputs) != 2 or add.inputs[0] == add.inputs[1] or np.ndim(add.m) or np.ndim(add.n):
+        return None
+    other = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
+    if tuple(qg.shape(other)) != tuple(qg.shape(out)) or len(qg.shape(out)) != 4:
+        return None
+    producer = {X.output: X for X in qg.layers}.get(other)
+    if producer is not None and pos[id(producer)] >= pos[id(L)]:
+        return None
+    return add
+
+
 # ====================================================================== public class
 class CpuWorkers:
     """The worker pool bound to one QuantizedGraph ``qg`` (see the module docstring).
@@ -938,6 +1047,7 @@ class CpuWorkers:
         self._progs = {}
         for L in qg.layers:
             self._progs[id(L)] = self._prepare(L)
+        self._steps, self._step_progs, self._fused_into = self._fuse()
         self._pool = _Pool(self.threads)
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
 
@@ -977,6 +1087,52 @@ class CpuWorkers:
             choice = EngineChoice("numpy", f"{L.op}: shape outside the {e} kernel; the reference kernel")
         return _RefProg(L, choice, qg, opts)
 
+
+    # ------------------------------------------------------------------ fusion (run only)
+    def _fuse(self):
+        """The steps of :meth:`run`: every layer, except that a row-sliced GEMM conv absorbs
+        a channel shuffle after it and/or the residual add consuming it (FastPlan's
+        fusions; the intermediate tensors are never made). Returns (steps, progs by step
+        id, {fused layer name: conv name})."""
+        qg = self.qg
+        cons, outputs = {}, {t.name for t in qg.outputs}
+        for L in qg.layers:
+            for t in L.inputs:
+                cons.setdefault(t, []).append(L)
+        steps, progs, fused_into, skip = [], {}, {}, set()
+        for L in qg.layers:
+            if id(L) in skip:
+                continue
+            p = self._progs[id(L)]
+            step = None
+            if isinstance(p, _GemmConvProg) and p.oshape[0] == 1 \
+                    and len(qg.shape(L.input)) == 4 and _K.AVAILABLE:
+                out, src, chain = L.output, None, []
+                sh = None if p.split == "channels" else _shuffle_after(qg, L, cons, outputs)
+                if sh is not None:
+                    src, chain = sh
+                    out = chain[-1].output
+                add = _add_after(qg, L, out, cons, outputs, self._pos)
+                if sh is not None or add is not None:
+                    other = first = None
+                    if add is not None:
+                        first = add.inputs[0] == out
+                        other = add.inputs[1] if first else add.inputs[0]
+                        chain = chain + [add]
+                        out = add.output
+                    fp = _FusedConvProg(p, src, add, other, first, out, [c.name for c in chain])
+                    step = _Step(L, [L.input] + ([other] if other is not None else []), out)
+                    progs[id(step)] = fp
+                    self._pos[id(step)] = self._pos[id(L)]
+                    for c in chain:
+                        skip.add(id(c))
+                        fused_into[c.name] = L.name
+            if step is None:
+                step = L
+                progs[id(L)] = p
+            steps.append(step)
+        return steps, progs, fused_into
+
     # ------------------------------------------------------------------ running
     def _check_open(self):
         if self._closed:
@@ -1004,7 +1160,9 @@ class CpuWorkers:
 
     def run(self, feed_q):
         """The whole graph on int8 inputs ``feed_q`` {name: int8 logical array}; returns
-        ``{output name: int8 array}`` (logical layout), equal to ``run_reference``."""
+        ``{output name: int8 array}`` (logical layout), equal to ``run_reference``. Channel
+        shuffles and residual adds after GEMM convs are fused into them here (see
+        :meth:`_fuse`; ``run_layers`` runs every layer as it is)."""
         env = R.Env(self.qg)
         for t in self.qg.inputs:
             x = np.asarray(feed_q[t.name])
@@ -1012,15 +1170,31 @@ class CpuWorkers:
                 raise DnnfabError(f"CpuWorkers.run needs int8 inputs; got {x.dtype} for "
                                   f"{t.name!r} (quantize_inputs first)")
             env.put(t.name, x, "lg")
-        self.run_layers(env, self.qg.layers)
+        self._check_open()
+        with self._lock:
+            if self.threads == 1:
+                _run_inline(self._step_progs, env, self._steps)
+            else:
+                _Run(self, env, self._steps, self._step_progs).run()
         return {t.name: env.lg(t.name) for t in self.qg.outputs}
 
     # ------------------------------------------------------------------ reports
     def engine_report(self):
-        """{layer name: {engine, reason, split, slices}}: the selector's choice and why."""
-        return {L.name: {"engine": p.choice.engine, "reason": p.choice.reason,
-                         "split": p.split, "slices": p.slices}
-                for L in self.qg.layers for p in [self._progs[id(L)]]}
+        """{layer name: {engine, reason, split, slices}}: the selector's choice and why; in
+        :meth:`run`, a conv with layers fused into it lists them (``fused``) and each of
+        those names it (``fused_into``)."""
+        rep = {}
+        for L in self.qg.layers:
+            p = self._progs[id(L)]
+            rep[L.name] = {"engine": p.choice.engine, "reason": p.choice.reason,
+                           "split": p.split, "slices": p.slices}
+            if L.name in self._fused_into:
+                rep[L.name]["fused_into"] = self._fused_into[L.name]
+        for st in self._steps:
+            fp = self._step_progs[id(st)]
+            if isinstance(fp, _FusedConvProg):
+                rep[st.name]["fused"] = fp.fused
+        return rep
 
     def close(self):
         """Stop and join the pool threads (idempotent)."""

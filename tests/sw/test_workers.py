@@ -63,11 +63,17 @@ def _graph(L, in_shapes, out_shape):
     return QuantizedGraph("one", ins, [TensorInfo(L.output, tuple(out_shape))], [L], {}, shapes)
 
 
-def _run_workers(qg, feed, threads, options=None, features=None):
-    with W.CpuWorkers(qg, threads=threads, options=options or Options(),
-                      features=features) as w:
-        out = w.run(feed)
-        report = w.engine_report()
+def _run_workers(qg, feed, threads, options=None, features=None, split=True):
+    """Run a graph on the workers (by default with every layer split into slices)."""
+    mp = _split_all() if split else None
+    try:
+        with W.CpuWorkers(qg, threads=threads, options=options or Options(),
+                          features=features) as w:
+            out = w.run(feed)
+            report = w.engine_report()
+    finally:
+        if mp is not None:
+            mp.undo()
     return out, report
 
 
@@ -114,7 +120,7 @@ def conv_layer(draw):
 @pytest.mark.parametrize("engine", ["auto", "ort", "numpy", "no-numba"])
 @SETTINGS
 @given(case=conv_layer())
-def test_conv_engines_equal_contract(threads, engine, case, split_module):
+def test_conv_engines_equal_contract(threads, engine, case):
     x, L = case
     want = G.qconv_int_slow(x, L)
     qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
@@ -133,14 +139,13 @@ def test_conv_engines_equal_contract(threads, engine, case, split_module):
         assert rep["c"]["engine"] in ("numba-dw", "numba-gemm", "ort-u8u8", "ort-u8s8")
 
 
-@pytest.fixture(scope="module")
-def split_module():
+def _split_all():
+    """Every layer cut into as many slices as there are threads (``undo()`` restores)."""
     mp = pytest.MonkeyPatch()
     mp.setattr(W, "SPLIT_MIN_MACS", 0)
     mp.setattr(W, "SPLIT_MIN_ELEMS", 0)
     mp.setattr(W, "BAND_MIN_ROWS", 1)
-    yield
-    mp.undo()
+    return mp
 
 
 @st.composite
@@ -166,7 +171,7 @@ def gemm_layer(draw):
 @pytest.mark.parametrize("engine", ["auto", "ort", "numpy"])
 @SETTINGS
 @given(case=gemm_layer(), threads=st.integers(1, 3))
-def test_gemm_engines_equal_contract(engine, case, threads, split_module):
+def test_gemm_engines_equal_contract(engine, case, threads):
     x, L = case
     want = G.qgemm_int_slow(x, L)
     qg = _graph(L, {"x": x.shape}, want.shape)
@@ -180,7 +185,7 @@ def test_gemm_engines_equal_contract(engine, case, threads, split_module):
 
 @SETTINGS
 @given(case=gemm_layer(), threads=st.integers(1, 2))
-def test_u8s8_path_exact_where_no_pair_can_saturate(case, threads, split_module):
+def test_u8s8_path_exact_where_no_pair_can_saturate(case, threads):
     """The u8s8 engine's fold, on a posed VNNI machine, with 7-bit weights: no u8*s8 pair
     sum exceeds int16 (2 * 255 * 63 < 2^15), so it is exact on every CPU."""
     x, L = case
@@ -192,7 +197,7 @@ def test_u8s8_path_exact_where_no_pair_can_saturate(case, threads, split_module)
     np.testing.assert_array_equal(got["y"], want)
 
 
-def test_u8s8_conv_path_exact_with_7bit_weights(split_module):
+def test_u8s8_conv_path_exact_with_7bit_weights():
     rng = np.random.default_rng(3)
     for g, cin, cout, k in [(1, 16, 8, 3), (4, 16, 8, 1), (2, 8, 6, 3)]:
         qw = np.clip(_weights(rng, (cout, cin // g, k, k)), -63, 63)
@@ -238,7 +243,7 @@ def pool_layer(draw):
 
 @SETTINGS
 @given(case=pool_layer(), threads=st.integers(1, 3))
-def test_pool_engines_equal_contract(case, threads, split_module):
+def test_pool_engines_equal_contract(case, threads):
     x, L = case
     want = R.qmaxpool_int(x, L) if L.op == "maxpool" else G.qavgpool_int_slow(x, L)
     qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
@@ -250,7 +255,7 @@ def test_pool_engines_equal_contract(case, threads, split_module):
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), op=st.sampled_from(["add", "concat", "rescale"]),
        threads=st.integers(1, 3), rank=st.sampled_from([2, 4]))
-def test_eltwise_engines_equal_contract(seed, op, threads, rank, split_module):
+def test_eltwise_engines_equal_contract(seed, op, threads, rank):
     rng = np.random.default_rng(seed)
     nin = 1 if op == "rescale" else (2 if op == "add" else int(rng.integers(2, 4)))
     shape = (1, 5, 4, 3) if rank == 4 else (2, 7)
@@ -394,13 +399,31 @@ def test_pool_equals_reference_any_thread_count_and_split(zoo, name, monkeypatch
 def test_pool_densenet_and_resnet_with_numpy_engine():
     for name in ("densenet121", "resnet50"):
         q, fq = _zoo(name)
-        opts = Options(gemm_engine="numpy")
         want = R.run_reference(q, fq, options=Options())
-        with W.CpuWorkers(q, threads=2, options=opts) as w:
-            got = w.run(fq)
-            assert {r["engine"] for r in w.engine_report().values()} & {"blas-f32"}
-        for k in want:
-            np.testing.assert_array_equal(got[k], want[k], err_msg=name)
+        for opts in (Options(gemm_engine="numpy"), Options()):
+            if name == "densenet121" and opts.gemm_engine == "auto":
+                continue
+            with W.CpuWorkers(q, threads=2, options=opts) as w:
+                got = w.run(fq)
+                rep = w.engine_report()
+            engines = {r["engine"] for r in rep.values()}
+            assert ("blas-f32" in engines) == (opts.gemm_engine == "numpy")
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=f"{name} {opts}")
+            if name == "resnet50":  # every residual add fused into the conv before it
+                adds = [L.name for L in q.layers if L.op == "add"]
+                assert adds and all("fused_into" in rep[a] for a in adds)
+                assert any(rep[rep[a]["fused_into"]]["split"] == "channels" for a in adds)
+
+
+def test_shufflenet_shuffles_and_adds_fused_in_run(zoo):
+    q, fq = zoo["shufflenet"]
+    with W.CpuWorkers(q, threads=2) as w:
+        rep = w.engine_report()
+        assert len(w._steps) < len(q.layers) - 40
+    fused = {r["fused_into"] for r in rep.values() if "fused_into" in r}
+    assert fused and all(rep[c]["fused"] for c in fused)
+    assert all("fused_into" in rep[L.name] for L in q.layers if L.op == "transpose")
 
 
 def test_run_layer_and_run_layers_into_env(zoo):
