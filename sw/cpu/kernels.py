@@ -301,3 +301,16 @@ if AVAILABLE:
                                      zy, lo, hi)
         return out
 
+
+
+if AVAILABLE:
+    @njit(**_jit)
+    def lut_per_channel(x, table, r0, r1, out):
+        """out[i, c] = table[c, x[i, c] & 0xff] for rows i in [r0, r1); x, out int8
+        [rows, C]; table int8 [C, 256] (a 1x1 depthwise conv: every code of every channel
+        precomputed with the contract's formula)."""
+        c = x.shape[1]
+        for i in range(r0, r1):
+            for j in range(c):
+                out[i, j] = table[j, np.int32(x[i, j]) & 0xFF]
+        return out

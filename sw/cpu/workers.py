@@ -566,6 +566,41 @@ class _DwProg(_Prog):
         return [tasks], lambda: env.put(self.L.output, y, "cl")
 
 
+class _Dw1x1Prog(_Prog):
+    """1x1 depthwise conv (a BatchNorm that could not be folded, e.g. DenseNet's BN-ReLU-conv):
+    ``y = rq(x * w[c] + bias[c])`` takes 256 values per channel, so the whole layer is a
+    table [C, 256] built once with the contract's int64 formula; row ranges per thread."""
+
+    def __init__(self, L, choice, shape_cl, threads):
+        super().__init__(L, choice)
+        self.oshape = _conv_out(L, shape_cl)
+        n_, ho, wo, cout = self.oshape
+        v = R._BYTE_VALUES                                   # the int8 value of byte u
+        w = L.qweight[:, 0, 0, 0].astype(np.int64)
+        acc = v[None, :] * w[:, None] + L.bias.astype(np.int64)[:, None]
+        m = np.broadcast_to(np.asarray(L.m, np.int64), (cout,))[:, None]
+        nn = np.broadcast_to(np.asarray(L.n, np.int64), (cout,))[:, None]
+        self.table = np.ascontiguousarray(requantize(acc, m, nn, L.zy, L.lo, L.hi))
+        rows = n_ * ho * wo
+        self.parts = [(0, rows)] if rows * cout < SPLIT_MIN_ELEMS * 4 or threads == 1 \
+            else _split(rows, threads)
+        self.slices = len(self.parts)
+        self.split = "rows" if self.slices > 1 else "none"
+
+    def bind(self, env):
+        L = self.L
+        x = env.cl(L.input)
+        n_, ho, wo, cout = self.oshape
+        if L.stride != (1, 1):
+            x = x[:, ::L.stride[0], ::L.stride[1]][:, :ho, :wo]
+        x2 = np.ascontiguousarray(x).reshape(-1, cout)
+        y = np.empty(self.oshape, np.int8)
+        y2 = y.reshape(-1, cout)
+        tasks = [lambda a=a, b=b: _K.lut_per_channel(x2, self.table, a, b, y2)
+                 for a, b in self.parts]
+        return [tasks], lambda: env.put(L.output, y, "cl")
+
+
 class _PoolProg(_Prog):
     """Max / average pool on bands of output rows: max pool as numpy ``maximum`` over the
     window taps of the band (padding -128 never wins; the ufuncs release the GIL and
@@ -1063,6 +1098,11 @@ class CpuWorkers:
         if L.op == "conv" and len(in_shape) in (3, 4):
             shape_cl = _shape_cl(in_shape)
             if e == "numba-dw":
+                if L.qweight.shape[2:] == (1, 1) and not any(L.pad):
+                    return _Dw1x1Prog(L, EngineChoice("numba-lut", "1x1 depthwise (a BatchNorm "
+                                      "that could not be folded): one 256-entry table per "
+                                      "channel, the contract's formula for every code"),
+                                      shape_cl, t)
                 return _DwProg(L, choice, shape_cl, t)
             if e == "ort-f32-conv":
                 return _F32ConvProg(L, choice, shape_cl, t)

@@ -133,10 +133,11 @@ def test_conv_engines_equal_contract(threads, engine, case):
     if engine == "no-numba" and depthwise:
         assert rep["c"]["engine"] in ("ort-f32-conv", "blas-f32")
     if engine == "ort":
-        assert rep["c"]["engine"] == ("numba-dw" if depthwise else "ort-u8u8" if not HERE.int8_dot
-                                      else "ort-u8s8")
+        assert rep["c"]["engine"] in (("numba-dw", "numba-lut") if depthwise else
+                                      ("ort-u8s8",) if HERE.int8_dot else ("ort-u8u8",))
     if engine == "auto":
-        assert rep["c"]["engine"] in ("numba-dw", "numba-gemm", "ort-u8u8", "ort-u8s8")
+        assert rep["c"]["engine"] in ("numba-dw", "numba-lut", "numba-gemm", "ort-u8u8",
+                                      "ort-u8s8")
 
 
 def _split_all():
@@ -146,6 +147,27 @@ def _split_all():
     mp.setattr(W, "SPLIT_MIN_ELEMS", 0)
     mp.setattr(W, "BAND_MIN_ROWS", 1)
     return mp
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), threads=st.integers(1, 3), stride=st.integers(1, 2))
+def test_depthwise_1x1_table_equals_contract(seed, threads, stride):
+    """A 1x1 depthwise conv (an unfoldable BatchNorm) runs as a per-channel table."""
+    rng = np.random.default_rng(seed)
+    c, h, w = int(rng.integers(1, 40)), int(rng.integers(1, 12)), int(rng.integers(1, 12))
+    qw = _weights(rng, (c, 1, 1, 1))
+    m, nn = _requant_params(rng, c, 1)
+    zx = int(rng.choice([-128, 127, 0, 9]))
+    zy = int(rng.choice([-128, 127, -3]))
+    lo, hi = _clamp(rng, zy)
+    L = QConv("c", "x", "y", qw, rng.integers(-2**20, 2**20, c).astype(np.int32), m, nn, zx, zy,
+              lo, hi, (stride, stride), (0, 0, 0, 0), (1, 1), c)
+    x = _int8(rng, (1, h, w, c))
+    want = G.qconv_int_slow(x, L)
+    qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
+    got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, threads)
+    assert rep["c"]["engine"] == ("numba-lut" if c > 1 else rep["c"]["engine"])
+    np.testing.assert_array_equal(got["y"], _cl_to_lg(want))
 
 
 @st.composite
