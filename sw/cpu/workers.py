@@ -1034,7 +1034,7 @@ def _shuffle_after(qg, L, cons, outputs):
     return np.arange(c).reshape(g, cpg).T.reshape(-1), [r1, tr, r2]
 
 
-def _add_after(qg, L, out, cons, outputs, pos):
+def _add_after(qg, L, out, cons, outputs, pos, producers):
     """The two-input add (scalar m, n) that is the only consumer of ``out`` (the output of
     conv ``L``, maybe after a fused shuffle) and whose other input of the same shape is
     made before ``L``; else None."""
@@ -1047,7 +1047,7 @@ def _add_after(qg, L, out, cons, outputs, pos):
     other = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
     if tuple(qg.shape(other)) != tuple(qg.shape(out)) or len(qg.shape(out)) != 4:
         return None
-    producer = {X.output: X for X in qg.layers}.get(other)
+    producer = producers.get(other)
     if producer is not None and pos[id(producer)] >= pos[id(L)]:
         return None
     return add
@@ -1140,6 +1140,7 @@ class CpuWorkers:
             for t in L.inputs:
                 cons.setdefault(t, []).append(L)
         steps, progs, fused_into, skip = [], {}, {}, set()
+        producers = {X.output: X for X in qg.layers}
         for L in qg.layers:
             if id(L) in skip:
                 continue
@@ -1152,7 +1153,7 @@ class CpuWorkers:
                 if sh is not None:
                     src, chain = sh
                     out = chain[-1].output
-                add = _add_after(qg, L, out, cons, outputs, self._pos)
+                add = _add_after(qg, L, out, cons, outputs, self._pos, producers)
                 if sh is not None or add is not None:
                     other = first = None
                     if add is not None:
