@@ -12,7 +12,8 @@
   absent, K limits, the float32 bound, options), and its agreement with what onnxruntime
   does here (u8s8 saturates where the selector says it does);
 * the pool: same outputs as run_reference on randomized zoo models (residual, Inception
-  branches, ShuffleNet, DenseNet concats) for 1-4 threads and any split; run_layer /
+  branches, ShuffleNet, DenseNet concats) and the bundled models (1-D convs) for 1-4
+  threads and any split, with the run-time fusions (shuffle, residual add); run_layer /
   run_layers into an Env; no thread left after close() or garbage collection; an
   exception in a task reaches the caller naming the layer;
 * the profile: measured, cached on disk, reloaded, re-measured.
@@ -588,3 +589,31 @@ def test_bench_cpu_script_small(tmp_path):
     assert row["model"] == "digits-cnn" and row["bit_exact"] and row["engine"]
     assert data["machine"]["u8s8_exact"] == HERE.int8_dot
     assert data["machine_scaling"]["before"]["scaling"] > 0
+
+
+@pytest.mark.parametrize("name", ["digits-cnn", "eeg-seizure"])
+def test_pool_equals_reference_on_bundled_models(name):
+    """The bundled models (2-D convs and 1-D convs on [N, C, 1, L]) on real data."""
+    from dnnfab.models import datasets
+    g = dnnfab.load(name)
+    if name == "digits-cnn":
+        x = datasets.digits_split()[2][:3]
+        cal = datasets.digits_split()[0][:64]
+    else:
+        cal = datasets.eeg_model_input(datasets.eeg_windows(24, seed=datasets.EEG_TRAIN_SEED)[0])
+        x = cal[:3]
+    q = dnnfab.quantize(g, calibration=cal)
+    for i in range(len(x)):
+        fq = q.quantize_inputs({g.inputs[0].name: x[i:i + 1]})
+        want = R.run_reference(q, fq)
+        for threads in (1, 2):
+            for split in (False, True):
+                mp = _split_all() if split else None
+                try:
+                    with W.CpuWorkers(q, threads=threads) as w:
+                        got = w.run(fq)
+                finally:
+                    if mp is not None:
+                        mp.undo()
+                for k in want:
+                    np.testing.assert_array_equal(got[k], want[k], err_msg=f"{name} {threads} {split}")
