@@ -181,6 +181,8 @@ class InferenceSession:
         self._mem = None
         self._base = 0
         self._profile = []
+        self._workers = None
+        self._engines = {}
         self.compile_s = None
         self.faults = []
 
@@ -208,9 +210,13 @@ class InferenceSession:
         if self.net is not None:
             return self.net
         t0 = time.perf_counter()
+        if self._workers is None:
+            from ..cpu.workers import CpuWorkers
+            self._workers = CpuWorkers(self.qg, options=self.options)
+            self._engines = self._workers.engine_report()
         if self.backend_name == "cpu":
             self.net = None
-            self.compile_s = 0.0
+            self.compile_s = time.perf_counter() - t0
             return None
         cache = self._cache_dir
         net = compile_network(self.qg, self.cfg, cache_dir=cache or None,
@@ -253,7 +259,7 @@ class InferenceSession:
 
     def run_int(self, input_feed):
         """int8 output codes {output name: array} (the integer reference's form)."""
-        from ..cpu.reference import Env, run_layer
+        from ..cpu.reference import Env
         qg = self.qg
         feed = qg.check_feed(input_feed)
         check_finite(feed)
@@ -264,37 +270,40 @@ class InferenceSession:
             env.put(t.name, np.asarray(feed_q[t.name]), "lg")
         prof = []
         by_name = {L.name: L for L in qg.layers}
-        if self.net is None:                       # backend "cpu"
-            for L in qg.layers:
-                t0 = time.perf_counter()
-                run_layer(qg, env, L, self.options)
-                prof.append(self._cpu_record(L, time.perf_counter() - t0))
-        else:
-            for kind, what in self.net.steps:
-                if kind == "cpu":
-                    L = by_name[what]
-                    t0 = time.perf_counter()
-                    run_layer(qg, env, L, self.options)
-                    prof.append(self._cpu_record(L, time.perf_counter() - t0))
-                else:
-                    prof.extend(self._run_fabric(self.net.runs[what], env, by_name))
+        if self.net is None:                       # backend "cpu": the workers, fused
+            t0 = time.perf_counter()
+            out = self._workers.run(feed_q)
+            self.last_run_ms = (time.perf_counter() - t0) * 1e3
+            self._profile = [self._cpu_record(L, None) for L in qg.layers]
+            return out
+        t0 = time.perf_counter()
+        for kind, what in self.net.steps:
+            if kind == "cpu":
+                L = by_name[what]
+                t1 = time.perf_counter()
+                self._workers.run_layer(env, L)
+                prof.append(self._cpu_record(L, time.perf_counter() - t1))
+            else:
+                prof.extend(self._run_fabric(self.net.runs[what], env, by_name))
+        self.last_run_ms = (time.perf_counter() - t0) * 1e3
         self._profile = prof
         return {t.name: env.lg(t.name) for t in qg.outputs}
 
     def _cpu_record(self, L, dt, reason=None):
         info = self.net.layers[L.name] if self.net is not None else None
         macs = info.macs if info is not None else 0
+        eng = self._engines.get(L.name, {})
         return {"name": L.name, "op": info.op if info else L.op, "target": "cpu", "cycles": 0,
-                "ms": dt * 1e3, "utilization": 0.0, "macs": macs,
+                "ms": dt * 1e3 if dt is not None else None, "utilization": 0.0, "macs": macs,
                 "reason": reason if reason is not None else (info.reason if info else "backend cpu"),
-                "degraded": False, "error": ""}
+                "degraded": False, "error": "", "engine": eng.get("engine", ""),
+                "engine_reason": eng.get("reason", "")}
 
     @staticmethod
     def _tensor_of(bname):
         return bname[:-5] if bname.endswith("@gemm") else bname
 
     def _run_fabric(self, run, env, by_name):
-        from ..cpu.reference import run_layer
         net, cfg = self.net, self.cfg
         mem, base = self._mem, self._base
         try:
@@ -334,7 +343,6 @@ class InferenceSession:
         return recs
 
     def _fallback(self, run, env, by_name, exc):
-        from ..cpu.reference import run_layer
         layer = self._locate(run, exc)
         self.faults.append({"run": run.index, "layer": layer, "error": str(exc),
                             "type": type(exc).__name__})
@@ -348,7 +356,7 @@ class InferenceSession:
         for n in run.layers:
             L = by_name[n]
             t0 = time.perf_counter()
-            run_layer(self.qg, env, L, self.options)
+            self._workers.run_layer(env, L)
             r = self._cpu_record(L, time.perf_counter() - t0,
                                  reason=f"fabric fault in run {run.index}"
                                         + (f" at layer {layer}" if layer else ""))
@@ -377,7 +385,9 @@ class InferenceSession:
 
     def profile(self):
         """Per-layer records of the last run: name, op, target ("fabric" | "cpu" |
-        "cpu (fallback)"), cycles, ms, utilization, macs, reason, degraded, error; fabric
+        "cpu (fallback)"), cycles, ms, utilization, macs, reason, degraded, error; CPU
+        layers also engine and engine_reason (the workers' exact engine and why; ms is
+        None on backend "cpu", which runs the graph fused, see ``last_run_ms``); fabric
         layers also run (launch index), dram_bytes (moved by the DMA) and occupancy
         (fraction of each scratchpad the tiling uses)."""
         return [dict(r) for r in self._profile]
@@ -386,6 +396,9 @@ class InferenceSession:
         if self.dev is not None:
             self.dev.close()
             self.dev = None
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def __enter__(self):
         return self

@@ -369,7 +369,9 @@ def test_require_fabric_names_the_scratchpad_limit():
 def test_cpu_backend_is_bit_exact():
     sess = dnnfab.InferenceSession("digits-cnn", backend="cpu", cache_dir=False)
     ok, _ = _exact(sess, _feed(sess))
-    assert ok and all(r["target"] == "cpu" for r in sess.profile())
+    assert ok and all(r["target"] == "cpu" and r["engine"] for r in sess.profile())
+    sess.close()
+    assert sess._workers is None
 
 
 @pytest.mark.parametrize("name,batch", [("digits-cnn", 3), ("eeg-seizure", 2)])
