@@ -13,12 +13,16 @@ connected layer at batch 1), ranges of elements for element-wise tables, one inp
 for a concat. A task is (layer, slice); all slices of a layer write disjoint parts of one
 output array, so one big layer uses every thread, and a layer whose inputs are ready
 starts at once, so independent layers (Inception branches, DenseNet concats, residual
-paths) run at the same time. Small layers are one task (a hand-off costs ~10 us).
+paths) run at the same time. Layers below 8 M MACs are one task (a slice costs ~30 us of
+fixed work: an onnxruntime call, a hand-off); from 32 M MACs a layer has two slices per
+thread. :meth:`run` (the whole graph) also fuses a channel shuffle and/or the residual
+add after a GEMM conv into its requantize (:class:`_FusedConvProg`).
 
 **Threads.** ``threads = N`` means N threads of execution: the thread that calls
 :meth:`run` / :meth:`run_layers` takes tasks like the N - 1 pool threads, so N = 1 runs
-everything inline with no hand-off. Every kernel releases the GIL: onnxruntime
-``run``, numpy copies, numba ``nogil`` loops. Each slice has its **own** engine session
+everything inline with no hand-off; a thread that finishes a task goes on with the first
+task it made ready (a chain of layers stays on one thread). Every kernel releases the
+GIL: onnxruntime ``run``, numpy copies, numba ``nogil`` loops. Each slice has its **own** engine session
 (onnxruntime, one intra-op thread, no spinning), so no shared intra-op pool fights the
 workers and no session is used by two threads at once; a row-band slice holds the
 layer's full weights, a channel slice only its columns. Nothing is global: settings come
