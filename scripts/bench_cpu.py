@@ -19,6 +19,10 @@ ratios) are the fastest of the rounds: other tenants of a shared machine only ev
 time, so the best round is the closest to a quiet machine.
 
     python scripts/bench_cpu.py [--json] [--out benchmarks/cpu.json] [--models a,b] [--repeat 9]
+    python scripts/bench_cpu.py --profile [--models a,b]   # fill ~/.cache/dnnfab/cpu_profile.json
+
+``--profile`` skips the comparison and measures the per-layer CPU latency profile
+(:class:`dnnfab.sw.cpu.profile.CpuProfile`, 1 and 2 threads) of the models instead.
 
 Targets: workers <= 1.0x onnxruntime int8 at 2 threads on every conv-heavy model (conv
 MACs >= half of all MACs), 2-thread speed-up >= 1.7x.
@@ -120,6 +124,9 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "cpu.json"))
     ap.add_argument("--models", default="", help="comma-separated subset")
     ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--profile", action="store_true",
+                    help="measure the per-layer latency profile (cached on disk) instead")
+    ap.add_argument("--profile-path", default=None, help="profile file (default ~/.cache/dnnfab)")
     ap.add_argument("--pause", type=float, default=0.05,
                     help="seconds of idle before each timed call (lets spinning pools sleep)")
     args = ap.parse_args(argv)
@@ -134,6 +141,18 @@ def main(argv=None):
 
     names = [n for n in args.models.split(",") if n] or BUNDLED + mh.LIGHT_MODELS
     feats = CpuFeatures.detect()
+    if args.profile:
+        from dnnfab.sw.cpu.profile import CpuProfile
+        prof = CpuProfile(args.profile_path)
+        for name in names:
+            _, q, feed = _load(name, mh)
+            res = prof.measure(q, threads=(1, 2), feed_q=q.quantize_inputs(feed))
+            t1 = sum(v[1] for v in res.values())
+            t2 = sum(v[2] for v in res.values())
+            print(f"{name:14s} {len(res):4d} layers  sum of layer medians {t1:9.2f} ms (1 thread) "
+                  f"{t2:9.2f} ms (2 threads)", flush=True)
+        print(f"profile: {prof.path} ({len(prof.signatures())} signatures)")
+        return 0
     results = []
     scaling_before = machine_scaling()
     for name in names:

@@ -54,7 +54,7 @@ from ..ir.qgraph import requantize
 from . import kernels as _K
 from . import reference as R
 from .engines import (CpuFeatures, EngineChoice, U8S8_MAX_K, U8U8_MAX_K, default_workers,
-                      select_engine)
+                      layer_signature, select_engine)
 from .options import Options
 
 __all__ = ["CpuWorkers", "CpuTaskError"]
@@ -707,8 +707,10 @@ class _ConcatProg(_Prog):
                                               L.zy, L.lo, L.hi).astype(np.int8))
         self.r = len(qg.shape(L.inputs[0]))
         self.qg = qg
-        self.slices = len(L.inputs)
-        self.split = "inputs" if L.op == "concat" and self.slices > 1 else "none"
+        size = int(np.prod(qg.shape(L.output)))
+        self.slices = len(L.inputs) if L.op == "concat" and threads > 1 and \
+            size >= SPLIT_MIN_ELEMS * 4 else 1
+        self.split = "inputs" if self.slices > 1 else "none"
 
     @staticmethod
     def _lut(x, tb, dst):
@@ -742,6 +744,9 @@ class _ConcatProg(_Prog):
             idx = (slice(None),) * axis + (slice(c0, c1),)
             tasks.append(lambda x=x, tb=tb, idx=idx: self._lut(x, tb, y[idx]))
             c0 = c1
+        if self.slices == 1:            # small: one task does every part
+            parts = tasks
+            tasks = [lambda: [t() for t in parts]]
         return [tasks], lambda: env.put(L.output, y, lay)
 
 
@@ -1065,10 +1070,12 @@ class CpuWorkers:
     ``options``: :class:`~dnnfab.sw.cpu.options.Options` (default ``Options.from_env()``);
     ``features``: the :class:`~dnnfab.sw.cpu.engines.CpuFeatures` the engines are chosen
     for (default: this machine's -- pass another only to test the selector's choices on a
-    machine that has them).
+    machine that has them). ``profile``: a :class:`~dnnfab.sw.cpu.profile.CpuProfile`; a
+    layer it measured no faster at ``threads`` threads than at 1 is not split (its
+    ``engine_report`` entry says so in ``note``).
     """
 
-    def __init__(self, qg, threads=None, options=None, features=None):
+    def __init__(self, qg, threads=None, options=None, features=None, profile=None):
         if options is None:
             options = Options.from_env()
         if threads is None:
@@ -1084,15 +1091,24 @@ class CpuWorkers:
         self._lock = threading.Lock()
         self._pos = {id(L): i for i, L in enumerate(qg.layers)}
         self._progs = {}
+        self._notes = {}
         for L in qg.layers:
-            self._progs[id(L)] = self._prepare(L)
+            p = self._prepare(L, self.threads)
+            if profile is not None and self.threads > 1 and p.slices > 1:
+                sig = layer_signature(qg, L, p.choice.engine)
+                t1, tn = profile.latency_ms(sig, 1), profile.latency_ms(sig, self.threads)
+                if t1 is not None and tn is not None and tn >= t1:
+                    p = self._prepare(L, 1)
+                    self._notes[L.name] = (f"not split: the profile measured {tn:.3f} ms at "
+                                           f"{self.threads} threads, {t1:.3f} ms at 1")
+            self._progs[id(L)] = p
         self._steps, self._step_progs, self._fused_into = self._fuse()
         self._pool = _Pool(self.threads)
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
 
     # ------------------------------------------------------------------ preparation
-    def _prepare(self, L):
-        qg, opts, t = self.qg, self.options, self.threads
+    def _prepare(self, L, t):
+        qg, opts = self.qg, self.options
         in_shape = tuple(qg.shape(L.inputs[0])) if L.inputs else ()
         numba = _K.AVAILABLE
         choice = select_engine(L, in_shape, self.features, opts, numba=numba, ort=_ort_ok())
@@ -1235,6 +1251,8 @@ class CpuWorkers:
                            "split": p.split, "slices": p.slices}
             if L.name in self._fused_into:
                 rep[L.name]["fused_into"] = self._fused_into[L.name]
+            if L.name in self._notes:
+                rep[L.name]["note"] = self._notes[L.name]
         for st in self._steps:
             fp = self._step_progs[id(st)]
             if isinstance(fp, _FusedConvProg):
