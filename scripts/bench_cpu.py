@@ -12,13 +12,19 @@ dequantizing the outputs, like the QDQ model's. Every round times the four runs 
 back (each after an idle pause and an untimed warm-up call: onnxruntime's default pool
 spins for a while after a run and would steal the CPU from the next one); reported are
 median times and the median over rounds of the per-round ratios, so load swings on a
-shared machine hit both sides of a ratio alike. ``machine_scaling`` times one exact
+shared machine hit both sides of a ratio alike. ``workers_ms_2t_profiled``: the pool at 2
+threads guided by a CPU profile measured in the same run (``CpuWorkers(profile=...)``:
+layers that were no faster on 2 threads than on 1 are not split). ``machine_scaling`` times one exact
 uint8 GEMM on 1 thread and the same work twice on 2 threads, concurrently, in the same
 run: the 2-thread ceiling the machine offered at that time. ``best_ms`` (and the ``*_best``
 ratios) are the fastest of the rounds: other tenants of a shared machine only ever add
 time, so the best round is the closest to a quiet machine.
 
     python scripts/bench_cpu.py [--json] [--out benchmarks/cpu.json] [--models a,b] [--repeat 9]
+    python scripts/bench_cpu.py --profile [--models a,b]   # fill ~/.cache/dnnfab/cpu_profile.json
+
+``--profile`` skips the comparison and measures the per-layer CPU latency profile
+(:class:`dnnfab.sw.cpu.profile.CpuProfile`, 1 and 2 threads) of the models instead.
 
 Targets: workers <= 1.0x onnxruntime int8 at 2 threads on every conv-heavy model (conv
 MACs >= half of all MACs), 2-thread speed-up >= 1.7x.
@@ -120,6 +126,9 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "cpu.json"))
     ap.add_argument("--models", default="", help="comma-separated subset")
     ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--profile", action="store_true",
+                    help="measure the per-layer latency profile (cached on disk) instead")
+    ap.add_argument("--profile-path", default=None, help="profile file (default ~/.cache/dnnfab)")
     ap.add_argument("--pause", type=float, default=0.05,
                     help="seconds of idle before each timed call (lets spinning pools sleep)")
     args = ap.parse_args(argv)
@@ -129,11 +138,25 @@ def main(argv=None):
     import models_helper as mh
     from dnnfab.sw.cpu.engines import CpuFeatures
     from dnnfab.sw.cpu.options import Options
+    import tempfile
+    from dnnfab.sw.cpu.profile import CpuProfile
     from dnnfab.sw.cpu.workers import CpuWorkers
     from dnnfab.sw.ir.qgraph import dequantize_tensor
+    tmpdir = tempfile.mkdtemp(prefix="dnnfab-bench-cpu-")
 
     names = [n for n in args.models.split(",") if n] or BUNDLED + mh.LIGHT_MODELS
     feats = CpuFeatures.detect()
+    if args.profile:
+        prof = CpuProfile(args.profile_path)
+        for name in names:
+            _, q, feed = _load(name, mh)
+            res = prof.measure(q, threads=(1, 2), feed_q=q.quantize_inputs(feed))
+            t1 = sum(v[1] for v in res.values())
+            t2 = sum(v[2] for v in res.values())
+            print(f"{name:14s} {len(res):4d} layers  sum of layer medians {t1:9.2f} ms (1 thread) "
+                  f"{t2:9.2f} ms (2 threads)", flush=True)
+        print(f"profile: {prof.path} ({len(prof.signatures())} signatures)")
+        return 0
     results = []
     scaling_before = machine_scaling()
     for name in names:
@@ -142,6 +165,12 @@ def main(argv=None):
         model = q.export()
         sess = {t: _ort_session(model, t) for t in (1, 2)}
         workers = {t: CpuWorkers(q, threads=t, options=Options()) for t in (1, 2)}
+        # the profile-guided pool: this run's own per-layer profile (1 and 2 threads),
+        # layers that were no faster on 2 threads stay whole
+        prof = CpuProfile(os.path.join(tmpdir, "cpu_profile.json"))
+        prof.measure(q, threads=(1, 2), repeats=3, feed_q=q.quantize_inputs(feed))
+        workers["2p"] = CpuWorkers(q, threads=2, options=Options(), profile=prof)
+        unsplit = sum("note" in r for r in workers["2p"].engine_report().values())
 
         def run_workers(w):
             out = w.run(q.quantize_inputs(feed))
@@ -153,6 +182,7 @@ def main(argv=None):
         exact = all(np.array_equal(got[k], want[k]) for k in want)
         fns = {"workers_1t": lambda: run_workers(workers[1]),
                "workers_2t": lambda: run_workers(workers[2]),
+               "workers_2t_profiled": lambda: run_workers(workers["2p"]),
                "ort_int8_1t": lambda: sess[1].run(None, feed),
                "ort_int8_2t": lambda: sess[2].run(None, feed)}
         for fn in fns.values():
@@ -186,6 +216,10 @@ def main(argv=None):
                    ort_speedup_2t_vs_1t=round(med["ort_int8_1t"] / med["ort_int8_2t"], 2),
                    ratio_vs_ort_int8_2t=round(statistics.median(ratios), 2),
                    ratio_vs_ort_int8_1t=round(med["workers_1t"] / med["ort_int8_1t"], 2),
+                   workers_ms_2t_profiled=round(med["workers_2t_profiled"], 3),
+                   ratio_vs_ort_int8_2t_profiled=round(
+                       med["workers_2t_profiled"] / med["ort_int8_2t"], 2),
+                   layers_kept_whole_by_profile=unsplit,
                    best_ms={k: round(v, 3) for k, v in best.items()},
                    speedup_2t_vs_1t_best=round(best["workers_1t"] / best["workers_2t"], 2),
                    ratio_vs_ort_int8_2t_best=round(best["workers_2t"] / best["ort_int8_2t"], 2),
@@ -194,7 +228,8 @@ def main(argv=None):
                    conv_heavy=conv_macs >= fc_macs, macs=conv_macs + fc_macs,
                    layers=len(q.layers), bit_exact=exact)
         results.append(row)
-        print(f"{name:14s} workers {row['workers_ms_1t']:8.2f} / {row['workers_ms_2t']:8.2f} ms"
+        print(f"{name:14s} workers {row['workers_ms_1t']:8.2f} / {row['workers_ms_2t']:8.2f}"
+              f" / {row['workers_ms_2t_profiled']:8.2f} ms"
               f"  ort int8 {row['ort_int8_ms_1t']:8.2f} / {row['ort_int8_ms_2t']:8.2f} ms"
               f"  speed-up {row['speedup_2t_vs_1t']:4.2f}  ratio(2t) {row['ratio_vs_ort_int8_2t']:4.2f}"
               f"  {row['engine']}{'' if exact else '  NOT EXACT'}", flush=True)

@@ -72,6 +72,7 @@ import numpy as np
 from .options import Options
 
 __all__ = ["CpuFeatures", "EngineChoice", "select_engine", "select_gemm_engine", "GEMM_ENGINE_NAMES",
+           "layer_signature",
            "U8U8_MAX_K", "U8S8_MAX_K", "F32_EXACT", "f32_conv_exact", "layer_geometry"]
 
 #: largest K of the uint8 x uint8 engine: 255 * 255 * K < 2^31
@@ -254,6 +255,33 @@ def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
         return EngineChoice("numba-lut", "the layer's 256-entry table")
     return EngineChoice("numpy", f"{op}: the reference kernel (data movement or float "
                         "fallback), one task")
+
+
+def _attrs(L):
+    keys = ("stride", "pad", "dilation", "groups", "kernel", "extra", "axis", "attr")
+    out = []
+    for k in keys:
+        v = getattr(L, k, None)
+        if v is not None and not callable(v):
+            out.append(f"{k}={tuple(v) if isinstance(v, (list, tuple)) else v}")
+    return out
+
+
+def layer_signature(qg, L, engine=None):
+    """A string naming what layer ``L``'s CPU time depends on (see the module docstring)."""
+    parts = [L.op]
+    if L.op == "float":
+        parts.append(L.layer.op)
+    for t in L.inputs:
+        parts.append("in" + "x".join(str(d) for d in qg.shape(t)))
+    parts.append("out" + "x".join(str(d) for d in qg.shape(L.output)))
+    w = getattr(L, "qweight", None)
+    if w is not None:
+        parts.append("w" + "x".join(str(d) for d in w.shape))
+    parts += _attrs(L)
+    if engine:
+        parts.append(f"engine={engine}")
+    return " ".join(parts)
 
 
 def default_workers():

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .engines import CpuFeatures
+from .engines import CpuFeatures, layer_signature
 from .options import Options
 from . import reference as R
 from .workers import CpuWorkers
@@ -58,33 +58,6 @@ def machine_key(features=None):
         pass
     flags = hashlib.sha1(" ".join(sorted(features.flags)).encode()).hexdigest()[:10]
     return f"{model or 'unknown'}|{features.arch}|{os.cpu_count()}|{flags}"
-
-
-def _attrs(L):
-    keys = ("stride", "pad", "dilation", "groups", "kernel", "extra", "axis", "attr")
-    out = []
-    for k in keys:
-        v = getattr(L, k, None)
-        if v is not None and not callable(v):
-            out.append(f"{k}={tuple(v) if isinstance(v, (list, tuple)) else v}")
-    return out
-
-
-def layer_signature(qg, L, engine=None):
-    """A string naming what layer ``L``'s CPU time depends on (see the module docstring)."""
-    parts = [L.op]
-    if L.op == "float":
-        parts.append(L.layer.op)
-    for t in L.inputs:
-        parts.append("in" + "x".join(str(d) for d in qg.shape(t)))
-    parts.append("out" + "x".join(str(d) for d in qg.shape(L.output)))
-    w = getattr(L, "qweight", None)
-    if w is not None:
-        parts.append("w" + "x".join(str(d) for d in w.shape))
-    parts += _attrs(L)
-    if engine:
-        parts.append(f"engine={engine}")
-    return " ".join(parts)
 
 
 class CpuProfile:

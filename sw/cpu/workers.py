@@ -13,12 +13,16 @@ connected layer at batch 1), ranges of elements for element-wise tables, one inp
 for a concat. A task is (layer, slice); all slices of a layer write disjoint parts of one
 output array, so one big layer uses every thread, and a layer whose inputs are ready
 starts at once, so independent layers (Inception branches, DenseNet concats, residual
-paths) run at the same time. Small layers are one task (a hand-off costs ~10 us).
+paths) run at the same time. Layers below 8 M MACs are one task (a slice costs ~30 us of
+fixed work: an onnxruntime call, a hand-off); from 32 M MACs a layer has two slices per
+thread. :meth:`run` (the whole graph) also fuses a channel shuffle and/or the residual
+add after a GEMM conv into its requantize (:class:`_FusedConvProg`).
 
 **Threads.** ``threads = N`` means N threads of execution: the thread that calls
 :meth:`run` / :meth:`run_layers` takes tasks like the N - 1 pool threads, so N = 1 runs
-everything inline with no hand-off. Every kernel releases the GIL: onnxruntime
-``run``, numpy copies, numba ``nogil`` loops. Each slice has its **own** engine session
+everything inline with no hand-off; a thread that finishes a task goes on with the first
+task it made ready (a chain of layers stays on one thread). Every kernel releases the
+GIL: onnxruntime ``run``, numpy copies, numba ``nogil`` loops. Each slice has its **own** engine session
 (onnxruntime, one intra-op thread, no spinning), so no shared intra-op pool fights the
 workers and no session is used by two threads at once; a row-band slice holds the
 layer's full weights, a channel slice only its columns. Nothing is global: settings come
@@ -50,7 +54,7 @@ from ..ir.qgraph import requantize
 from . import kernels as _K
 from . import reference as R
 from .engines import (CpuFeatures, EngineChoice, U8S8_MAX_K, U8U8_MAX_K, default_workers,
-                      select_engine)
+                      layer_signature, select_engine)
 from .options import Options
 
 __all__ = ["CpuWorkers", "CpuTaskError"]
@@ -703,8 +707,10 @@ class _ConcatProg(_Prog):
                                               L.zy, L.lo, L.hi).astype(np.int8))
         self.r = len(qg.shape(L.inputs[0]))
         self.qg = qg
-        self.slices = len(L.inputs)
-        self.split = "inputs" if L.op == "concat" and self.slices > 1 else "none"
+        size = int(np.prod(qg.shape(L.output)))
+        self.slices = len(L.inputs) if L.op == "concat" and threads > 1 and \
+            size >= SPLIT_MIN_ELEMS * 4 else 1
+        self.split = "inputs" if self.slices > 1 else "none"
 
     @staticmethod
     def _lut(x, tb, dst):
@@ -738,6 +744,9 @@ class _ConcatProg(_Prog):
             idx = (slice(None),) * axis + (slice(c0, c1),)
             tasks.append(lambda x=x, tb=tb, idx=idx: self._lut(x, tb, y[idx]))
             c0 = c1
+        if self.slices == 1:            # small: one task does every part
+            parts = tasks
+            tasks = [lambda: [t() for t in parts]]
         return [tasks], lambda: env.put(L.output, y, lay)
 
 
@@ -1061,10 +1070,12 @@ class CpuWorkers:
     ``options``: :class:`~dnnfab.sw.cpu.options.Options` (default ``Options.from_env()``);
     ``features``: the :class:`~dnnfab.sw.cpu.engines.CpuFeatures` the engines are chosen
     for (default: this machine's -- pass another only to test the selector's choices on a
-    machine that has them).
+    machine that has them). ``profile``: a :class:`~dnnfab.sw.cpu.profile.CpuProfile`; a
+    layer it measured no faster at ``threads`` threads than at 1 is not split (its
+    ``engine_report`` entry says so in ``note``).
     """
 
-    def __init__(self, qg, threads=None, options=None, features=None):
+    def __init__(self, qg, threads=None, options=None, features=None, profile=None):
         if options is None:
             options = Options.from_env()
         if threads is None:
@@ -1080,15 +1091,24 @@ class CpuWorkers:
         self._lock = threading.Lock()
         self._pos = {id(L): i for i, L in enumerate(qg.layers)}
         self._progs = {}
+        self._notes = {}
         for L in qg.layers:
-            self._progs[id(L)] = self._prepare(L)
+            p = self._prepare(L, self.threads)
+            if profile is not None and self.threads > 1 and p.slices > 1:
+                sig = layer_signature(qg, L, p.choice.engine)
+                t1, tn = profile.latency_ms(sig, 1), profile.latency_ms(sig, self.threads)
+                if t1 is not None and tn is not None and tn >= t1:
+                    p = self._prepare(L, 1)
+                    self._notes[L.name] = (f"not split: the profile measured {tn:.3f} ms at "
+                                           f"{self.threads} threads, {t1:.3f} ms at 1")
+            self._progs[id(L)] = p
         self._steps, self._step_progs, self._fused_into = self._fuse()
         self._pool = _Pool(self.threads)
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
 
     # ------------------------------------------------------------------ preparation
-    def _prepare(self, L):
-        qg, opts, t = self.qg, self.options, self.threads
+    def _prepare(self, L, t):
+        qg, opts = self.qg, self.options
         in_shape = tuple(qg.shape(L.inputs[0])) if L.inputs else ()
         numba = _K.AVAILABLE
         choice = select_engine(L, in_shape, self.features, opts, numba=numba, ort=_ort_ok())
@@ -1231,6 +1251,8 @@ class CpuWorkers:
                            "split": p.split, "slices": p.slices}
             if L.name in self._fused_into:
                 rep[L.name]["fused_into"] = self._fused_into[L.name]
+            if L.name in self._notes:
+                rep[L.name]["note"] = self._notes[L.name]
         for st in self._steps:
             fp = self._step_progs[id(st)]
             if isinstance(fp, _FusedConvProg):

@@ -566,6 +566,22 @@ def test_profile_measured_cached_and_remeasured(tmp_path, zoo):
     assert all(again._data[s]["1"]["runs"] == 2 for s in again.signatures())
     other = CpuProfile(path, features=VNNI)       # another machine: its own entries
     assert other.signatures() == []
+    # the pool reads the profile: a layer it measured no faster on 2 threads stays whole
+    with W.CpuWorkers(q, threads=2) as w:
+        static = w.engine_report()
+    with W.CpuWorkers(q, threads=2, profile=again) as w:
+        guided = w.engine_report()
+        got = w.run(fq)
+    for L in q.layers:
+        sig = layer_signature(q, L, static[L.name]["engine"])
+        slower = again.latency_ms(sig, 2) >= again.latency_ms(sig, 1)
+        if static[L.name]["slices"] > 1 and slower:
+            assert guided[L.name]["slices"] == 1 and "profile" in guided[L.name]["note"]
+        else:
+            assert guided[L.name]["slices"] == static[L.name]["slices"]
+    want = R.run_reference(q, fq)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
 
 
 # ---------------------------------------------------------------- the benchmark script
