@@ -39,7 +39,8 @@ import numpy as np
 from ...errors import DnnfabError
 from ...hw.config import AcceleratorConfig
 from ...hw.spec import INSN_BYTES, Load, Store, Compute
-from .placement import place_layer, op_label
+from .placement import Placement, place_layer, op_label
+from .split import split_target
 from .program import ProgramBuilder, channel_pad, _ru
 from .fastmodel import estimate_cycles
 
@@ -256,19 +257,28 @@ class CompiledNetwork:
 
 
 # ------------------------------------------------------------------ compiling
-def network_key(digest, cfg: AcceleratorConfig, chain=True):
-    blob = json.dumps({"model": digest, "cfg": cfg.to_dict(), "chain": bool(chain),
-                       "version": COMPILER_VERSION}, sort_keys=True).encode()
+def network_key(digest, cfg: AcceleratorConfig, chain=True, cpu_layers=()):
+    d = {"model": digest, "cfg": cfg.to_dict(), "chain": bool(chain), "version": COMPILER_VERSION}
+    if cpu_layers:
+        d["cpu_layers"] = sorted(cpu_layers)
+    blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
 def compile_network(qg, cfg: AcceleratorConfig = None, chain=True, cache_dir=None,
-                    use_cache=True, digest=None) -> CompiledNetwork:
+                    use_cache=True, digest=None, cpu_layers=()) -> CompiledNetwork:
     """Compile ``qg`` for ``cfg``; cached on disk under :func:`network_key` (``cache_dir``,
-    default :func:`default_cache_dir`; ``use_cache=False`` neither reads nor writes)."""
+    default :func:`default_cache_dir`; ``use_cache=False`` neither reads nor writes).
+
+    ``cpu_layers``: names of layers to run on the CPU even where the fabric could (a
+    scheduler's plan); the CPU halves of :func:`~dnnfab.sw.compiler.split.apply_splits`
+    always stay on the CPU."""
     cfg = cfg or AcceleratorConfig()
     digest = digest or graph_digest(qg)
-    key = network_key(digest, cfg, chain)
+    names = {L.name for L in qg.layers}
+    cpu_layers = {n for n in cpu_layers if n in names} | \
+        {n for n in names if split_target(n) == "cpu"}
+    key = network_key(digest, cfg, chain, cpu_layers)
     path = None
     if use_cache:
         cache_dir = cache_dir or default_cache_dir()
@@ -280,7 +290,7 @@ def compile_network(qg, cfg: AcceleratorConfig = None, chain=True, cache_dir=Non
                     return net
             except (DnnfabError, ValueError, KeyError, TypeError, struct.error):
                 pass                      # a stale or damaged entry: compile again
-    net = _compile(qg, cfg, chain, digest, key)
+    net = _compile(qg, cfg, chain, digest, key, cpu_layers)
     if path is not None:
         os.makedirs(cache_dir, exist_ok=True)
         net.save(path)
@@ -307,7 +317,7 @@ def _occupancy(plan, cfg):
             "aux": round(min(plan.n_auxslots, nblk) * plan.slot_aux / (cfg.aux_kib * 1024), 4)}
 
 
-def _compile(qg, cfg, chain, digest, key) -> CompiledNetwork:
+def _compile(qg, cfg, chain, digest, key, cpu_layers=frozenset()) -> CompiledNetwork:
     cp = channel_pad(cfg)
     consumers = {}
     for i, L in enumerate(qg.layers):
@@ -319,6 +329,8 @@ def _compile(qg, cfg, chain, digest, key) -> CompiledNetwork:
     for i, L in enumerate(qg.layers):
         in_shape = tuple(qg.shape(L.inputs[0])) if L.inputs else ()
         p = place_layer(L, in_shape, cfg)
+        if L.name in cpu_layers and p.where == "fabric":
+            p = Placement("cpu", "placed on the CPU by the plan", p.conv)
         info = LayerInfo(name=L.name, op=op_label(L), target=p.where, reason=p.reason)
         if p.conv is not None:
             batch = int(in_shape[0]) if L.op == "conv" else 1

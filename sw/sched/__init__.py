@@ -1,0 +1,1 @@
+"""The heterogeneous scheduler (see docs/scheduler.md)."""
