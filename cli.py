@@ -8,6 +8,7 @@ Sub-commands live next to the code they drive; each of these modules exposes
 * :mod:`dnnfab.boards.cli`         -- ``boards``, ``synth``
 * :mod:`dnnfab.sw.runtime.cli`     -- ``models``, ``inspect``
 * :mod:`dnnfab.sw.runtime.runcli`  -- ``run`` (the main job)
+* :mod:`dnnfab.sw.runtime.schedcli` -- ``schedule``
 
 Any :class:`~dnnfab.errors.DnnfabError` becomes one line on stderr and exit code 2.
 """
@@ -24,6 +25,7 @@ COMMAND_MODULES = (
     "dnnfab.boards.cli",
     "dnnfab.sw.runtime.cli",
     "dnnfab.sw.runtime.runcli",
+    "dnnfab.sw.runtime.schedcli",
 )
 
 

@@ -85,10 +85,10 @@ class NetworkCost:
     workers: int = 1
 
     def layer(self, name) -> LayerCost:
-        for L in self.layers:
-            if L.name == name:
-                return L
-        raise KeyError(name)
+        idx = self.__dict__.get("_index")
+        if idx is None or len(idx) != len(self.layers):
+            idx = self.__dict__["_index"] = {L.name: L for L in self.layers}
+        return idx[name]
 
 
 @dataclass

@@ -1,0 +1,161 @@
+"""``dnnfab schedule``: plan where every layer of one or several networks runs (fabric, CPU
+or split) so deadlines hold at the lowest energy, power or latency; see docs/scheduler.md.
+``dnnfab run MODEL --fps F --frames N`` (sw/runtime/runcli.py) runs such a plan."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+from ...errors import ConfigError
+
+__all__ = ["add_schedule_args", "plan_from_args", "register", "print_plan"]
+
+DEFAULT_BOARD = "ulx3s-85f"
+
+
+def add_schedule_args(p, model_optional=True):
+    g = p.add_argument_group("real-time schedule")
+    g.add_argument("--deadline-ms", type=float, default=None,
+                   help="each frame's deadline (default: the period; without --fps too: "
+                        "1.5x the all-fabric latency)")
+    g.add_argument("--fps", type=float, default=None, help="frame rate of MODEL")
+    g.add_argument("--objective", default="energy",
+                   help="energy | power | latency | a weighted sum like energy:0.7,latency:0.3")
+    g.add_argument("--power-cap-w", type=float, default=None, help="average power cap (W)")
+    g.add_argument("--also", action="append", default=[], metavar="MODEL2",
+                   help="another network sharing the system (repeatable)")
+    g.add_argument("--also-fps", action="append", type=float, default=[], metavar="F2",
+                   help="frame rate of each --also network, in order")
+    g.add_argument("--also-deadline-ms", action="append", type=float, default=[], metavar="D2",
+                   help="deadline of each --also network (default its period)")
+    g.add_argument("--host", choices=("board", "local"), default="board",
+                   help="CPU side: the board's own CPU, modelled from its documented figures "
+                        "(default), or this machine's workers, measured")
+    g.add_argument("--workers", type=int, default=None,
+                   help="CPU worker threads (default: the scheduler tries 1..the cores)")
+    g.add_argument("--no-split", action="store_true",
+                   help="do not split layers between the fabric and the CPU")
+
+
+def _quantized(model, cfg):
+    import dnnfab
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sess = dnnfab.InferenceSession(model, config=cfg, backend="cpu")
+    notes = [str(w.message) for w in caught]
+    qg = sess.qg
+    sess.close()
+    return qg, notes
+
+
+def _name(model):
+    import os
+    base = os.path.basename(str(model))
+    return base[:-5] if base.endswith(".onnx") else base
+
+
+def plan_from_args(args, cfg, progress=None):
+    """(ScheduleResult, {network name: QuantizedGraph}) for the parsed options."""
+    from ..sched.api import plan_networks
+    if args.also_fps and len(args.also_fps) != len(args.also):
+        raise ConfigError(f"{len(args.also)} --also models but {len(args.also_fps)} --also-fps "
+                          "values; give one rate per --also model")
+    if args.also and not args.also_fps:
+        raise ConfigError("--also needs --also-fps F2 (the second network's frame rate)")
+    if args.also_deadline_ms and len(args.also_deadline_ms) != len(args.also):
+        raise ConfigError("give one --also-deadline-ms per --also model (or none)")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1 (got {args.workers})")
+    if args.power_cap_w is not None and args.power_cap_w <= 0:
+        raise ConfigError(f"--power-cap-w must be positive (got {args.power_cap_w:g})")
+    specs = [(args.model, args.fps, args.deadline_ms)]
+    for i, m in enumerate(args.also):
+        specs.append((m, args.also_fps[i],
+                      args.also_deadline_ms[i] if args.also_deadline_ms else None))
+    nets, graphs, notes = [], {}, []
+    for model, fps, d in specs:
+        if progress:
+            progress(f"quantizing {model}")
+        qg, n = _quantized(model, cfg)
+        name = _name(model)
+        nets.append((name, qg, fps, d))
+        graphs[name] = qg
+        notes += n
+    if progress:
+        progress("metric model and MILP")
+    res = plan_networks(nets, board=args.board or DEFAULT_BOARD, cfg=cfg, host=args.host,
+                        objective=args.objective, power_cap_w=args.power_cap_w,
+                        workers=args.workers, splits=() if args.no_split else (0.25, 0.5, 0.75))
+    res.notes = notes + list(res.notes or [])
+    return res, graphs
+
+
+def print_plan(summary, title):
+    from rich.table import Table
+    from ...console import print_table
+    t = Table(title=title)
+    for h in ("network", "layer", "resource", "split", "start ms", "end ms"):
+        t.add_column(h, justify="left" if h in ("network", "layer", "resource") else "right")
+    for r in summary["plan"]:
+        t.add_row(r["network"], r["layer"], r["resource"],
+                  f"{r['split']:.2f}" if r["resource"] == "split" else "",
+                  f"{r['start_ms']:.3f}", f"{r['end_ms']:.3f}")
+    print_table(t)
+    b = Table(title="plan vs single-resource baselines (modelled)")
+    for h in ("plan", "latency ms", "energy mJ/frame", "avg power W", "meets deadline"):
+        b.add_column(h, justify="left" if h == "plan" else "right")
+    s = summary
+    b.add_row("scheduled", f"{s['latency_ms']['model']:.3f}", f"{s['energy_mj_per_frame']:.4g}",
+              f"{s['avg_power_w']:.4g}", str(s["feasible"]))
+    for k, v in s["baselines"].items():
+        b.add_row(k, f"{v['latency_ms']:.3f}", f"{v['energy_mj_per_frame']:.4g}",
+                  f"{v['avg_power_w']:.4g}", str(v["meets_deadline"]))
+    print_table(b)
+    sv = s["energy_saving_vs_best_single"]
+    print(f"deadline {s['deadline_ms']:.4g} ms, period {s['period_ms']:.4g} ms; workers "
+          f"{s['workers']}; solver {s['solver']['status']} in {s['solver']['solve_s']:.3f} s; "
+          f"saving vs the best single resource: "
+          + ("n/a (no single-resource plan meets the deadline)" if sv is None else f"{100 * sv:.1f}%"))
+    if not s["feasible"]:
+        print(f"no plan meets every deadline: {s['why']}")
+    for n in s["notes"]:
+        print(f"note: {n}", file=sys.stderr)
+
+
+def cmd_schedule(args):
+    from ...gencli import config_from_args
+    if args.board is None:
+        args.board = DEFAULT_BOARD
+    cfg = config_from_args(args)
+    res, _ = plan_from_args(args, cfg, progress=None if args.json else
+                            (lambda m: print(f"... {m}", file=sys.stderr)))
+    s = res.summary()
+    s.update(frames=0, deadline_misses=None, bit_exact=None,
+             timeline="modelled (dnnfab run --fps F --frames N runs the plan)")
+    if args.gantt:
+        from .realtime import gantt_plan
+        gantt_plan(res, args.gantt)
+        s["gantt"] = args.gantt
+    if args.json:
+        print(json.dumps(s, indent=2, default=float))
+    else:
+        print_plan(s, f"schedule on {s['board']} ({s['host']} CPU), objective {s['objective']}")
+    return 0 if s["feasible"] else 1
+
+
+def register(sub):
+    from ...gencli import add_config_args
+    p = sub.add_parser("schedule", help="plan fabric/CPU placement to meet deadlines at the "
+                                        "lowest energy",
+                       description="Split one or several networks' layers between the fabric and "
+                                   "the CPU workers (MILP, HiGHS) so every deadline holds at the "
+                                   "lowest energy, power or latency; prints the plan, the "
+                                   "single-resource baselines and the saving.")
+    p.add_argument("model", nargs="?", default="digits-cnn", help="zoo name or .onnx path")
+    add_config_args(p)
+    add_schedule_args(p)
+    p.add_argument("--gantt", metavar="PNG", default=None, help="draw a few frames of the plan")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_schedule)
