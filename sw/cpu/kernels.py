@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "requant_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
+__all__ = ["AVAILABLE", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
            "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
            "avgpool_rows", "lut1_range", "lut2_range"]
 
@@ -67,6 +67,19 @@ if AVAILABLE:
         for i in range(rows):
             for j in range(c):
                 out[i, j] = _rq(np.int64(acc[i, j]) + bias[j], m[j], n[j], zy, lo, hi)
+        return out
+
+    @njit(**_jit)
+    def requant_wrap_rows(acc, bias, m, n, zy, lo, hi, out):
+        """The accelerator's finish of a product: ``acc + bias`` wrapped to int32 (the
+        accumulator's two's-complement width), then requantized. ``acc`` [rows, C] holds
+        exact integers (float32/64 or ints); bias, m, n int64 [C]; out int8 [rows, C]."""
+        rows, c = acc.shape
+        for i in range(rows):
+            for j in range(c):
+                v = np.int64(acc[i, j]) + bias[j]
+                v = ((v + np.int64(2147483648)) & np.int64(4294967295)) - np.int64(2147483648)
+                out[i, j] = _rq(v, m[j], n[j], zy, lo, hi)
         return out
 
     @njit(**_jit)

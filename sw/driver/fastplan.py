@@ -30,6 +30,7 @@ import numpy as np
 from ...hw.spec import TARGET_ACT, TARGET_WGT, TARGET_AUX, AUX_DTYPE, AUX_LANE_BYTES
 from ..ir.qgraph import requantize
 from ..compiler.fastmodel import _wrap32
+from ..cpu import kernels as _kernels
 
 __all__ = ["Plan", "trace", "run_plan", "exact_matmul", "EXACT_K"]
 
@@ -39,13 +40,83 @@ EXACT_K = 1024
 
 def exact_matmul(a, w):
     """int64 ``a @ w`` for int8-valued float32 ``a`` [P, K] and ``w`` [K, N]."""
+    return exact_matmul_f(a, w).astype(np.int64)
+
+
+def exact_matmul_f(a, w):
+    """``a @ w`` as exact integers in float32 (K <= EXACT_K: every partial sum is below
+    2^24) or float64 (the sum of float32 chunks; below 2^53)."""
     K = a.shape[1]
     if K <= EXACT_K:
-        return (a @ w).astype(np.int64)
+        return a @ w
     acc = np.zeros((a.shape[0], w.shape[1]), np.float64)
     for k0 in range(0, K, EXACT_K):
         acc += a[:, k0:k0 + EXACT_K] @ w[k0:k0 + EXACT_K]
-    return acc.astype(np.int64)
+    return acc
+
+
+class _U8U8:
+    """``a @ w`` for int8 ``a`` [P, K] and ``w`` [K, N] through one onnxruntime
+    ``MatMulInteger`` uint8 x uint8 session with both operands as inputs (any shape):
+    ``a ^ 0x80`` and ``w ^ 0x80`` are the codes + 128 and both zero points are 128, so
+    the session returns ``a @ w`` in int32. Exact on every CPU (MLAS widens u8 x u8 to 16
+    bits; see dnnfab.sw.cpu.engines) while 255 * 255 * K < 2^31; one intra-op thread
+    that sleeps when idle, like the rest of the fast model."""
+
+    def __init__(self):
+        from onnx import TensorProto, helper
+        from ..cpu.reference import _ort_session
+        node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
+        z = [helper.make_tensor("az", TensorProto.UINT8, [], [128]),
+             helper.make_tensor("bz", TensorProto.UINT8, [], [128])]
+        self.sess = _ort_session([node],
+                                 [helper.make_tensor_value_info("a", TensorProto.UINT8, ["P", "K"]),
+                                  helper.make_tensor_value_info("b", TensorProto.UINT8, ["K", "N"])],
+                                 [helper.make_tensor_value_info("y", TensorProto.INT32, ["P", "N"])],
+                                 z, 1)
+
+    def __call__(self, a_i8, w_u8):
+        a = np.ascontiguousarray(a_i8).view(np.uint8) ^ np.uint8(0x80)
+        return self.sess.run(None, {"a": a, "b": w_u8})[0]
+
+
+_MM = []
+
+
+def _matmul():
+    """The process's :class:`_U8U8`, or None without onnxruntime (then float32 BLAS)."""
+    if not _MM:
+        try:
+            from ..cpu.reference import _ort_available
+            _MM.append(_U8U8() if _ort_available() else None)
+        except Exception:                                   # pragma: no cover
+            _MM.append(None)
+    return _MM[0]
+
+
+def _product(A, W):
+    """Exact ``A @ W`` (int8 A gathered from DRAM) for a cached operand ``W``:
+    (uint8 ``w + 128`` for onnxruntime, or float32 for BLAS; see :func:`_operand`)."""
+    if W.dtype == np.uint8:
+        return _matmul()(A, W)
+    return exact_matmul_f(A.astype(np.float32), W)
+
+
+def _operand(W):
+    """The cached form of an int8 weight block [K, N]."""
+    from ..cpu.engines import U8U8_MAX_K
+    if W.shape[0] <= U8U8_MAX_K and _matmul() is not None:
+        return np.ascontiguousarray(W, np.int8).view(np.uint8) ^ np.uint8(0x80)
+    return W.astype(np.float32)
+
+
+def _finish(acc, bias, m, n, zy, lo, hi):
+    """int8 ``requantize(wrap32(acc + bias))`` (one compiled pass when numba is there)."""
+    if _kernels.AVAILABLE:
+        y = np.empty(acc.shape, np.int8)
+        return _kernels.requant_wrap_rows(acc, bias, m, n, np.int64(zy), np.int64(lo),
+                                          np.int64(hi), y)
+    return requantize(_wrap32(acc.astype(np.int64) + bias), m, n, zy, lo, hi)
 
 
 
@@ -346,14 +417,15 @@ def _operands(dram, dram_i8, plan, g, C, kind):
         W = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
         lb = _lanes(dram, np.asarray(g["xb"], np.int64), C)
         lm = lb if g["xb"] == g["xm"] else _lanes(dram, np.asarray(g["xm"], np.int64), C)
-        lanes = (lb["bias"].astype(np.int64)[None, :], lm["m"].astype(np.int64),
-                 lm["n"].astype(np.int64))
+        lanes = (np.ascontiguousarray(lb["bias"], np.int64), np.ascontiguousarray(lm["m"], np.int64),
+                 np.ascontiguousarray(lm["n"], np.int64))
     else:
         W = dram_i8[g["w"]:g["w"] + K * C].reshape(K, C)
         lane = _lanes(dram, np.asarray([g["x"]]), C)
-        lanes = (lane["bias"].astype(np.int64)[None, :], lane["m"].astype(np.int64),
-                 lane["n"].astype(np.int64))
-    W = W.astype(np.float32)
+        lanes = (np.ascontiguousarray(lane["bias"], np.int64).ravel(),
+                 np.ascontiguousarray(lane["m"], np.int64).ravel(),
+                 np.ascontiguousarray(lane["n"], np.int64).ravel())
+    W = _operand(W)
     if plan.cacheable[g["gid"]]:
         plan.cache[g["gid"]] = (W, lanes)
     return W, lanes
@@ -374,17 +446,17 @@ def run_plan(fm, plan):
         if kind == "group":
             A = _group_activations(dram_rows, g)
             W, (bias, m, nn) = _operands(dram, dram_i8, plan, g, C, kind)
-            acc = _wrap32(exact_matmul(A.astype(np.float32), W) + bias)
-            y = requantize(acc, m, nn, g["zy"], g["lo"], g["hi"])
+            y = _finish(_product(A, W), bias, m, nn, g["zy"], g["lo"],
+                        g["hi"])
             out[g["out_rows"]] = y.reshape(g["P"], len(g["w_segs"]), C)
         elif kind == "chunk":
             c = g["c"]
             A = _activations(dram_rows, g)
             P = g["P"]
             W, (bias, m, nn) = _operands(dram, dram_i8, plan, g, C, kind)
-            psum = exact_matmul(A.astype(np.float32), W)
+            psum = _product(A, W).astype(np.int64)
             if c.acc_init:
-                acc = bias + psum
+                acc = bias[None, :] + psum
             else:
                 acc = fm.acc[c.acc_base:c.acc_base + P] + psum
             acc = _wrap32(acc)
