@@ -186,9 +186,10 @@ class CompiledNetwork:
     tensors: dict                 # buffer name -> TensorBuf
     consumes: dict                # fabric layer name -> buffer name of its input
     produces: dict                # fabric layer name -> buffer name of its output
-    image: bytes = b""            # programs, weights, aux at address 0
+    image: bytes = b""            # programs, weights, aux, loaded at device address origin
     arena: list = field(default_factory=lambda: [0, 0])
     chain: bool = True
+    origin: int = 0               # the device address the image is compiled for
 
     @property
     def config(self) -> AcceleratorConfig:
@@ -197,7 +198,7 @@ class CompiledNetwork:
     @property
     def dram_bytes(self):
         """Peak DRAM the plan needs: the image plus the activation arena."""
-        return self.arena[1]
+        return self.arena[1] - self.origin
 
     @property
     def arena_bytes(self):
@@ -221,7 +222,8 @@ class CompiledNetwork:
                 "layers": [asdict(v) for v in self.layers.values()],
                 "tensors": [asdict(v) for v in self.tensors.values()],
                 "consumes": self.consumes, "produces": self.produces,
-                "arena": self.arena, "chain": self.chain, "version": COMPILER_VERSION}
+                "arena": self.arena, "chain": self.chain, "origin": self.origin,
+                "version": COMPILER_VERSION}
 
     def to_bytes(self) -> bytes:
         meta = json.dumps(self._meta(), sort_keys=True, separators=(",", ":")).encode()
@@ -242,7 +244,8 @@ class CompiledNetwork:
                    layers={d["name"]: LayerInfo(**d) for d in meta["layers"]},
                    tensors={d["name"]: TensorBuf(**d) for d in meta["tensors"]},
                    consumes=meta["consumes"], produces=meta["produces"],
-                   image=bytes(raw[off + n:]), arena=meta["arena"], chain=meta["chain"])
+                   image=bytes(raw[off + n:]), arena=meta["arena"], chain=meta["chain"],
+                   origin=int(meta.get("origin", 0)))
 
     def save(self, path):
         tmp = f"{path}.tmp{os.getpid()}"
@@ -257,28 +260,35 @@ class CompiledNetwork:
 
 
 # ------------------------------------------------------------------ compiling
-def network_key(digest, cfg: AcceleratorConfig, chain=True, cpu_layers=()):
+def network_key(digest, cfg: AcceleratorConfig, chain=True, cpu_layers=(), origin=0):
     d = {"model": digest, "cfg": cfg.to_dict(), "chain": bool(chain), "version": COMPILER_VERSION}
     if cpu_layers:
         d["cpu_layers"] = sorted(cpu_layers)
+    if origin:
+        d["origin"] = int(origin)
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
 def compile_network(qg, cfg: AcceleratorConfig = None, chain=True, cache_dir=None,
-                    use_cache=True, digest=None, cpu_layers=()) -> CompiledNetwork:
+                    use_cache=True, digest=None, cpu_layers=(), origin=0) -> CompiledNetwork:
     """Compile ``qg`` for ``cfg``; cached on disk under :func:`network_key` (``cache_dir``,
     default :func:`default_cache_dir`; ``use_cache=False`` neither reads nor writes).
 
     ``cpu_layers``: names of layers to run on the CPU even where the fabric could (a
     scheduler's plan); the CPU halves of :func:`~dnnfab.sw.compiler.split.apply_splits`
-    always stay on the CPU."""
+    always stay on the CPU. ``origin``: the device address the image will be loaded at
+    (every address in the programs, runs and tensors is absolute; 64-byte aligned)."""
     cfg = cfg or AcceleratorConfig()
+    origin = int(origin)
+    if origin < 0 or origin % IMAGE_ALIGN:
+        raise DnnfabError(f"image origin {origin:#x} is not a multiple of {IMAGE_ALIGN}; "
+                          "allocate the network's buffer aligned")
     digest = digest or graph_digest(qg)
     names = {L.name for L in qg.layers}
     cpu_layers = {n for n in cpu_layers if n in names} | \
         {n for n in names if split_target(n) == "cpu"}
-    key = network_key(digest, cfg, chain, cpu_layers)
+    key = network_key(digest, cfg, chain, cpu_layers, origin)
     path = None
     if use_cache:
         cache_dir = cache_dir or default_cache_dir()
@@ -290,7 +300,7 @@ def compile_network(qg, cfg: AcceleratorConfig = None, chain=True, cache_dir=Non
                     return net
             except (DnnfabError, ValueError, KeyError, TypeError, struct.error):
                 pass                      # a stale or damaged entry: compile again
-    net = _compile(qg, cfg, chain, digest, key, cpu_layers)
+    net = _compile(qg, cfg, chain, digest, key, cpu_layers, origin)
     if path is not None:
         os.makedirs(cache_dir, exist_ok=True)
         net.save(path)
@@ -317,7 +327,7 @@ def _occupancy(plan, cfg):
             "aux": round(min(plan.n_auxslots, nblk) * plan.slot_aux / (cfg.aux_kib * 1024), 4)}
 
 
-def _compile(qg, cfg, chain, digest, key, cpu_layers=frozenset()) -> CompiledNetwork:
+def _compile(qg, cfg, chain, digest, key, cpu_layers=frozenset(), origin=0) -> CompiledNetwork:
     cp = channel_pad(cfg)
     consumers = {}
     for i, L in enumerate(qg.layers):
@@ -479,7 +489,7 @@ def _compile(qg, cfg, chain, digest, key, cpu_layers=frozenset()) -> CompiledNet
     base = _ru(cursor, IMAGE_ALIGN)
     image = bytearray(base)
     for b, a in zip(builders, prog_addr):
-        b.relocate(base)
+        b.relocate(base + origin)
     runs = []
     arena_lo = base + data_size
     for r, (b, a) in enumerate(zip(builders, prog_addr)):
@@ -503,15 +513,20 @@ def _compile(qg, cfg, chain, digest, key, cpu_layers=frozenset()) -> CompiledNet
         if runs_layers[r]:
             layers[qg.layers[runs_layers[r][-1]].name].cycles += rep.cycles - prev
         names = [qg.layers[j].name for j in runs_layers[r]]
-        runs.append(FabricRun(index=r, layers=names, prog_addr=a, n_insns=len(insns),
+        runs.append(FabricRun(index=r, layers=names, prog_addr=origin + a, n_insns=len(insns),
                               inputs=run_inputs[r], outputs=run_outputs[r],
-                              out_window=[arena_lo, arena_lo + arena_size], cycles=rep.cycles,
+                              out_window=[origin + arena_lo, origin + arena_lo + arena_size],
+                              cycles=rep.cycles,
                               macs=sum(layers[n].macs for n in names)))
     image += blob
     image += bytes(base + data_size - len(image))
     for t in tensors.values():
-        t.addr += arena_lo
+        t.addr += origin + arena_lo
+    if origin + arena_lo + arena_size > 1 << 32:
+        raise DnnfabError(f"the network needs DRAM up to {origin + arena_lo + arena_size:#x}, "
+                          "beyond the accelerator's 32-bit addresses; allocate it lower")
     return CompiledNetwork(key=key, model_digest=digest, cfg=cfg.to_dict(), steps=steps,
                            runs=runs, layers=layers, tensors=tensors, consumes=consumes,
                            produces=produces, image=bytes(image),
-                           arena=[arena_lo, arena_lo + arena_size], chain=chain)
+                           arena=[origin + arena_lo, origin + arena_lo + arena_size], chain=chain,
+                           origin=origin)

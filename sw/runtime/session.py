@@ -233,9 +233,10 @@ class InferenceSession:
         self.dev = dev
         self._mem = dev.allocate((self.net.dram_bytes,), np.uint8)
         self._base = self._mem.device_address
-        if self._base != 0:
-            raise DnnfabError("the device allocated the network at a non-zero address; "
-                              "relocation is not implemented yet")
+        if self._base != self.net.origin:
+            # the device put the buffer elsewhere: compile the image for that address
+            self.net = compile_network(self.qg, self.cfg, cache_dir=cache or None,
+                                       use_cache=cache is not False, origin=self._base)
         self._load_image()
         self.compile_s = time.perf_counter() - t0
         return self.net
@@ -317,8 +318,8 @@ class InferenceSession:
                 mem[lo:lo + len(raw)].sync_to_device()
             timeout = self._timeout if self._timeout is not None else \
                 1.0 + 20 * run.cycles / (cfg.clock_mhz * 1e6)
-            counters = self.dev.run(driver.Program(base + run.prog_addr, run.n_insns,
-                                                   base + run.out_window[0], base + run.out_window[1]),
+            counters = self.dev.run(driver.Program(run.prog_addr, run.n_insns,
+                                                   run.out_window[0], run.out_window[1]),
                                     timeout_s=timeout)
             for b in run.outputs:
                 t = net.tensors[b]

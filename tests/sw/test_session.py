@@ -384,3 +384,28 @@ def test_batches_run_in_one_launch_per_run(name, batch):
     sess = dnnfab.InferenceSession(g, calibration=cal, cache_dir=False)
     ok, _ = _exact(sess, {inp.name: rng.standard_normal(inp.shape).astype(np.float32)})
     assert ok and sess.dev.backend.launches == len(sess.net.runs)
+
+
+def test_image_relocated_and_two_networks_share_one_device(tmp_path):
+    """A network compiled for the address the device gives it (issue 17: relocation): two
+    sessions on one model backend, each image at its own address, alternate launches and
+    stay bit-exact; the relocated compile is cached under its own key."""
+    from dnnfab.sw.driver.model import ModelBackend
+    cfg = AcceleratorConfig()
+    be = ModelBackend(cfg, dram_bytes=1 << 25)
+    assert be.allocate(12345) == 0                 # something else owns the bottom
+    a = dnnfab.InferenceSession("digits-cnn", backend=be, cache_dir=str(tmp_path))
+    b = dnnfab.InferenceSession("eeg-seizure", backend=be, cache_dir=str(tmp_path))
+    fa, fb = _feed(a, 1), _feed(b, 2)
+    for _ in range(2):
+        ok_a, _ = _exact(a, fa)
+        ok_b, _ = _exact(b, fb)
+        assert ok_a and ok_b
+    assert a.net.origin == 16384 and b.net.origin > a.net.origin + a.net.dram_bytes - 1
+    assert all(r.prog_addr >= a.net.origin for r in a.net.runs)
+    assert a.net.key != compile_network(a.qg, cfg, use_cache=False).key
+    assert be.launches >= 4
+    with pytest.raises(DnnfabError, match="not a multiple of 4096"):
+        compile_network(a.qg, cfg, use_cache=False, origin=100)
+    a.close()
+    b.close()
