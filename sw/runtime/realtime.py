@@ -83,7 +83,8 @@ from .. import driver
 from ..driver.backend import Backend
 from .network import check_finite
 
-__all__ = ["Runtime", "RunReport", "FrameRecord", "LayerRecord", "gantt", "MODES"]
+__all__ = ["Runtime", "RunReport", "FrameRecord", "LayerRecord", "gantt", "MODES",
+           "durations_from_costs"]
 
 MODES = ("real", "modelled")
 #: the interpreter's thread switch interval during a real run (see :meth:`Runtime.run`)
@@ -334,6 +335,10 @@ class Runtime:
             raise ConfigError("one Backend instance cannot serve several networks (each has its "
                               "own device and DRAM image); pass backend={network: Backend}")
         self.notes = []
+        if mode == "real" and getattr(plan, "host", "") == "board":
+            self.notes.append("the plan's CPU figures are the board's CPU (host 'board'); a real "
+                              "run measures this machine's CPU instead -- the modelled mode "
+                              "replays the board's figures")
         self.nets = []
         try:
             for i, nplan in enumerate(plan.networks):
@@ -823,6 +828,45 @@ class Runtime:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ====================================================================== durations for a replay
+def durations_from_costs(plan, costs):
+    """``durations`` for modelled mode from the metric model's figures: ``costs`` is
+    {network: :class:`~dnnfab.sw.metrics.costs.NetworkCost`} (the one the plan was solved
+    on). Per layer of the split graph (fabric_s, cpu_s):
+
+    * a fabric layer: its ``"fabric"`` option's fabric_s, and its ``"cpu"`` option's cpu_s
+      (what a fault's CPU re-run costs);
+    * a CPU layer: its ``"cpu"`` option's cpu_s (fabric_s the same: it never runs there);
+    * a split ``L`` at C channels: ``L@fab`` the ``"split:C"`` option's fabric_s (its CPU
+      re-run: the ``"cpu"`` option's cpu_s scaled by C / Cout), ``L@cpu`` that option's
+      cpu_s (the CPU half and the join, as the metric model counts them), the join ``L``
+      (0, 0).
+
+    Tensor moves between the resources (``ResourceModel.transfer_s``) are not in these
+    figures; the replay does not charge them."""
+    out = {}
+    for n in plan.networks:
+        cost = costs[n.name]
+        d = out[n.name] = {}
+        for c in n.layers:
+            lc = cost.layer(c.layer)
+            cpu = lc.options["cpu"].cpu_s
+            if c.resource == "split":
+                opt = lc.options.get(f"split:{c.fabric_channels}")
+                if opt is None:
+                    raise ConfigError(f"{n.name}: the costs have no option split:"
+                                      f"{c.fabric_channels} for layer {c.layer}")
+                frac = c.fabric_channels / max(1, c.out_channels or c.fabric_channels)
+                d[c.layer + FAB_SUFFIX] = (opt.fabric_s, cpu * frac)
+                d[c.layer + CPU_SUFFIX] = (opt.cpu_s, opt.cpu_s)
+                d[c.layer] = (0.0, 0.0)
+            elif c.resource == "fabric" and "fabric" in lc.options:
+                d[c.layer] = (lc.options["fabric"].fabric_s, cpu)
+            else:
+                d[c.layer] = (cpu, cpu)
+    return out
 
 
 # ====================================================================== the Gantt chart

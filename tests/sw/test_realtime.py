@@ -350,3 +350,27 @@ def test_bad_arguments(qgs):
     two = Plan([make_plan(qgs, n, "fabric") for n in NETS], workers=1)
     with pytest.raises(ConfigError, match="Backend"):
         Runtime(two, qgs, CFG, backend=FaultyBackend(CFG, "illegal"))
+
+
+def test_durations_from_the_metric_models_costs(qgs, samples):
+    from dnnfab.sw.metrics.costs import LayerCost, NetworkCost, Option
+    from dnnfab.sw.runtime.realtime import durations_from_costs
+    name = "digits-cnn"
+    plan = Plan([make_plan(qgs, name, "mixed", period=0.02)], workers=1)
+    layers = []
+    for i, L in enumerate(qgs[name].layers):
+        opts = {"cpu": Option("cpu", cpu_s=(i + 1) * 1e-4)}
+        if _compute(L):
+            opts["fabric"] = Option("fabric", fabric_s=(i + 1) * 1e-5)
+            opts["split:20"] = Option("split:20", fabric_s=7e-5, cpu_s=9e-5, fabric_channels=20)
+        layers.append(LayerCost(L.name, L.op, 0, [], 0, opts))
+    dur = durations_from_costs(plan, {name: NetworkCost(name, layers)})
+    assert dur[name]["fc1@fab"][0] == 7e-5 and dur[name]["fc1@cpu"][1] == 9e-5
+    assert dur[name]["fc1"] == (0.0, 0.0) and dur[name]["conv1"][0] == 1e-5
+    with Runtime(plan, {name: qgs[name]}, CFG, mode="modelled", durations=dur,
+                 cache_dir=False) as rt:
+        rep = rt.run(frames=2, feeds=_feeds(qgs, samples), progress=False)
+    for r in rep.layers:
+        f, c = dur[name][r.layer]
+        assert r.end - r.start == pytest.approx(f if r.resource == "fabric" else c)
+    assert rep.bit_exact
