@@ -178,6 +178,8 @@ def test_fault_on_layer_k_degrades_the_frame_and_loses_nothing(qgs, samples, kin
     # the device was reset and its image reloaded: the next frames ran on the fabric
     assert sum(1 for r in rep.layers if r.frame > 0 and r.resource == "fabric") == 2 * len(fab)
     assert rep.fabric_launches == 3 * len(fab)
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["degraded_frames"] == 1 and d["faults"][0]["type"] == rep.faults[0]["type"]
 
 
 # ------------------------------------------------------------------ two networks, 1,000 frames
@@ -316,6 +318,10 @@ def test_modelled_replay_is_deterministic_and_labelled(qgs, samples):
     cpu = [r for r in a.layers if r.resource == "cpu"]
     assert any(x.network == y.network and x.frame == y.frame + 1 and x.start < y.end and
                y.start < x.end for x in fab for y in cpu)
+    # a split layer's halves run at the same time on the two resources
+    assert any(x.network == y.network and x.frame == y.frame and x.layer.endswith("@fab")
+               and y.layer == x.layer[:-4] + "@cpu" and x.start < y.end and y.start < x.end
+               for x in fab for y in cpu)
     assert a.deadline_misses == 0
 
 
