@@ -216,16 +216,29 @@ class _Net:
                 self.planned[c.layer] = c.resource
         self.net = self.dev = self.mem = self.workers = None
         self.target, self.runs, self.dur = {}, {}, {}
+        # what a modelled replay charges for tensor moves (see Runtime._xfer)
+        ins = {t.name for t in self.graph.inputs}
+        outs = {t.name for t in self.graph.outputs}
+        size = lambda t: int(np.prod(self.graph.shape(t)))
+        self.bytes_out = {L.name: size(L.output) for L in self.layers}
+        self.gin = {L.name: sum(size(t) for t in L.inputs if t in ins) for L in self.layers}
+        self.outs = {L.name for L in self.layers if L.output in outs}
+        self.nocharge = {(x + FAB_SUFFIX, x) for x in nplan.splits()}
+        self.xfer = None
 
 
 class _Frame:
     def __init__(self, net, index, release, feed_q):
         self.net, self.index, self.release = net, index, release
         self.feed_q = feed_q
-        self.env = Env(net.graph)
-        for t in net.graph.inputs:
-            self.env.put(t.name, np.asarray(feed_q[t.name]), "lg")
+        self.env = None
+        if feed_q is not None:
+            self.env = Env(net.graph)
+            for t in net.graph.inputs:
+                self.env.put(t.name, np.asarray(feed_q[t.name]), "lg")
         self.pending = {n: len(d) for n, d in net.deps.items()}
+        self.ready_at = {}
+        self.out_end = 0.0
         self.left = len(net.layers)
         self.start = self.end = None
         self.degraded = False
@@ -514,20 +527,55 @@ class Runtime:
         for lname in names:
             heapq.heappush(heaps[self._resource_of(frame, lname)], self._entry(frame, lname))
 
-    def _done(self, frame, lname, t_end, heaps):
-        """Bookkeeping after a layer finished; pushes what became ready; True when the
-        frame is complete."""
+    def _xfer(self, n, p, c):
+        """Modelled seconds to move ``p``'s output to consumer ``c`` (0: same side, no
+        resource model, or the join of a split reading its fabric half, which the metric
+        model's split option already counts); ``p`` None: ``c``'s graph inputs to the
+        fabric; ``c`` None: a graph output from the fabric to the host."""
+        if n.xfer is None:
+            return 0.0
+        if p is None:
+            return n.xfer(n.gin[c]) if n.target[c] == "fabric" and n.gin[c] else 0.0
+        if c is None:
+            return n.xfer(n.bytes_out[p]) if n.target[p] == "fabric" else 0.0
+        if n.target[p] == n.target[c] or (p, c) in n.nocharge:
+            return 0.0
+        return n.xfer(n.bytes_out[p])
+
+    def _start_frame(self, frame, heaps, delayed=None):
+        n = frame.net
+        for c in n.sources:
+            frame.ready_at[c] = frame.release + self._xfer(n, None, c)
+        self._ready(frame, n.sources, frame.release, heaps, delayed)
+
+    def _ready(self, frame, names, now, heaps, delayed):
+        now_ = []
+        for c in names:
+            at = frame.ready_at.get(c, now)
+            if delayed is not None and at > now + 1e-15:
+                heapq.heappush(delayed, (at, next(self._seq), frame, c))
+            else:
+                now_.append(c)
+        self._push_ready(frame, now_, heaps)
+
+    def _done(self, frame, lname, t_end, heaps, delayed=None):
+        """Bookkeeping after a layer finished; pushes what became ready (into ``delayed``
+        while a modelled tensor move is under way); True when the frame is complete."""
         n = frame.net
         frame.left -= 1
         ready = []
         for c in n.consumers[lname]:
             frame.pending[c] -= 1
+            frame.ready_at[c] = max(frame.ready_at.get(c, t_end), t_end + self._xfer(n, lname, c))
             if frame.pending[c] == 0:
                 ready.append(c)
-        self._push_ready(frame, ready, heaps)
+        self._ready(frame, ready, t_end, heaps, delayed)
+        if lname in n.outs:
+            frame.out_end = max(frame.out_end, t_end + self._xfer(n, lname, None))
         if frame.left == 0:
-            frame.end = t_end
-            frame.outputs = {t.name: frame.env.lg(t.name) for t in n.graph.outputs}
+            frame.end = max(t_end, frame.out_end)
+            if frame.env is not None:
+                frame.outputs = {t.name: frame.env.lg(t.name) for t in n.graph.outputs}
             frame.env = None
             return True
         return False
@@ -673,7 +721,7 @@ class Runtime:
                     if state["stop"]:
                         break
                     self._frames.append(frame)
-                    self._push_ready(frame, frame.net.sources, heaps)
+                    self._start_frame(frame, heaps)
                     cv.notify_all()
                 bar.to(state["done"], state["misses"], state["degraded"])
                 if i + 1 < len(pending):           # prepare the next frame before its release
@@ -701,7 +749,8 @@ class Runtime:
         """A discrete-event replay: the same policy, the durations given, time simulated.
         Each layer is computed for real when the replay starts it."""
         heaps = {r: [] for r in RESOURCES}
-        busy = {r: None for r in RESOURCES}        # (end, entry)
+        busy = {r: None for r in RESOURCES}        # (end, entry, start)
+        delayed = []                               # (ready time, seq, frame, layer)
         t, i, done = 0.0, 0, 0
         misses = degr = 0
         total = len(releases)
@@ -710,8 +759,11 @@ class Runtime:
                 rel, ni, k = releases[i]
                 frame = self._make_frame(self.nets[ni], k, rel, feeds)
                 self._frames.append(frame)
-                self._push_ready(frame, frame.net.sources, heaps)
+                self._start_frame(frame, heaps, delayed)
                 i += 1
+            while delayed and delayed[0][0] <= t + 1e-15:
+                _, _, frame, c = heapq.heappop(delayed)
+                self._push_ready(frame, [c], heaps)
             for res in RESOURCES:
                 if busy[res] is None and heaps[res]:
                     ent = heapq.heappop(heaps[res])
@@ -727,7 +779,9 @@ class Runtime:
                         self._cpu(n, frame, lname)
                         busy[res] = (t + c_s, ent, t)
             ends = [busy[r][0] for r in RESOURCES if busy[r] is not None]
-            nxt = min(ends + ([releases[i][0]] if i < total else []), default=None)
+            ends += [releases[i][0]] if i < total else []
+            ends += [delayed[0][0]] if delayed else []
+            nxt = min(ends, default=None)
             if nxt is None:                                        # pragma: no cover
                 raise DnnfabError("modelled replay stalled: a layer is never ready")
             t = max(t, nxt)
@@ -748,7 +802,7 @@ class Runtime:
                 else:
                     self._record(frame, lname, res, a, end, degraded=err is not None,
                                  error=err or "")
-                if self._done(frame, lname, end, heaps):
+                if self._done(frame, lname, end, heaps, delayed):
                     done += 1
                     misses += frame.end - frame.release > frame.net.task.deadline_s + 1e-12
                     degr += frame.degraded
