@@ -83,8 +83,8 @@ from .. import driver
 from ..driver.backend import Backend
 from .network import check_finite
 
-__all__ = ["Runtime", "RunReport", "FrameRecord", "LayerRecord", "gantt", "MODES",
-           "durations_from_costs"]
+__all__ = ["Runtime", "RunReport", "FrameRecord", "LayerRecord", "gantt", "gantt_plan",
+           "replay_plan", "durations_from_costs", "MODES"]
 
 MODES = ("real", "modelled")
 #: the interpreter's thread switch interval during a real run (see :meth:`Runtime.run`)
@@ -323,11 +323,16 @@ class Runtime:
     :class:`~dnnfab.sw.cpu.options.Options`; ``cache_dir`` for compiled networks
     (``False``: none); ``timeout_s`` per launch (default 1 s + 20x its modelled time);
     ``warmup``: run one frame of each network outside the timeline when built (see
-    :meth:`_warm`; it launches each fabric layer once)."""
+    :meth:`_warm`; it launches each fabric layer once). ``resources`` (modelled mode): the
+    metric model's :class:`~dnnfab.sw.metrics.costs.ResourceModel`; the replay then delays
+    a layer by ``transfer_s`` of each input produced on the other resource, a fabric layer
+    by that of the graph inputs it reads, and a frame's end by that of outputs left on the
+    fabric, as the scheduler does (a split's join reading its fabric half is not charged:
+    the split option counts it)."""
 
     def __init__(self, plan, graphs, cfg=None, clock_mhz=None, mode="real", workers=None,
                  backend="model", durations=None, options=None, cache_dir=None,
-                 timeout_s=None, warmup=True):
+                 timeout_s=None, warmup=True, resources=None):
         if mode not in MODES:
             raise ConfigError(f"unknown runtime mode {mode!r}; use one of {', '.join(MODES)}")
         self.plan, self.mode = plan, mode
@@ -361,6 +366,8 @@ class Runtime:
                 self._open(n, be)
                 if mode == "modelled":
                     self._durations(n, (durations or {}).get(n.name))
+                    if resources is not None:
+                        n.xfer = resources.transfer_s
                 self.nets.append(n)
             if warmup:
                 for n in self.nets:
@@ -921,6 +928,103 @@ def durations_from_costs(plan, costs):
             else:
                 d[c.layer] = (cpu, cpu)
     return out
+
+
+# ====================================================================== a plan without graphs
+class _CostNet:
+    """A network of a plan as the replay needs it, from the metric model's
+    :class:`~dnnfab.sw.metrics.costs.NetworkCost` alone (no graph, nothing computed)."""
+
+    def __init__(self, index, nplan, cost, dur, xfer):
+        from types import SimpleNamespace
+        self.index, self.plan, self.name, self.task = index, nplan, nplan.name, nplan.task
+        self.graph = self.qg = self.net = self.dev = self.mem = self.workers = None
+        self.runs = {}
+        choice = {c.layer: c for c in nplan.layers}
+        names, self.deps, self.target, self.planned = [], {}, {}, {}
+        self.bytes_out, self.gin, self.outs, self.nocharge = {}, {}, set(), set()
+        for L in cost.layers:
+            c = choice.get(L.name)
+            res = c.resource if c is not None else "cpu"
+            if res == "split":
+                fab, cpu = L.name + FAB_SUFFIX, L.name + CPU_SUFFIX
+                frac = c.fabric_channels / max(1, c.out_channels or c.fabric_channels)
+                for h, side, b in ((fab, "fabric", frac), (cpu, "cpu", 1 - frac)):
+                    names.append(h)
+                    self.deps[h] = list(L.inputs)
+                    self.target[h] = self.planned[h] = side
+                    self.bytes_out[h] = int(round(L.out_bytes * b))
+                    self.gin[h] = L.graph_input_bytes if side == "fabric" else 0
+                self.deps[L.name] = [fab, cpu]
+                self.nocharge.add((fab, L.name))
+                res_j = "cpu"
+                self.gin[L.name] = 0
+            else:
+                res_j = res if (res != "fabric" or "fabric" in L.options) else "cpu"
+                self.deps[L.name] = list(L.inputs)
+                self.gin[L.name] = L.graph_input_bytes
+            names.append(L.name)
+            self.target[L.name], self.planned[L.name] = res_j, res if res != "split" else "cpu"
+            self.bytes_out[L.name] = L.out_bytes
+            if L.is_output:
+                self.outs.add(L.name)
+        self.layers = [SimpleNamespace(name=x) for x in names]
+        self.topo = {x: i for i, x in enumerate(names)}
+        self.consumers = {x: [] for x in names}
+        for x in names:
+            for p in self.deps[x]:
+                self.consumers[p].append(x)
+        self.sources = [x for x in names if not self.deps[x]]
+        self.dur = {x: dur.get(x, (0.0, 0.0)) for x in names}
+        self.xfer = xfer
+
+
+class _Replay(Runtime):
+    """The modelled replay of a plan from its costs: the same policy, nothing computed."""
+
+    def __init__(self, plan, nets):
+        self.plan, self.mode, self.nets = plan, "modelled", nets
+        self.clock_mhz, self.workers = float(plan.clock_mhz or 0.0), int(plan.workers or 1)
+        self.notes, self._closed, self._owner, self.options = [], False, None, None
+
+    def _make_frame(self, n, k, release, feeds):
+        return _Frame(n, k, release, None)
+
+    def _fabric(self, n, frame, lname):
+        return 0, None
+
+    def _cpu(self, n, frame, lname):
+        pass
+
+
+def replay_plan(plan, costs, resources=None, frames=None, total_s=None) -> RunReport:
+    """The modelled timeline of ``plan`` from the metric model's figures alone: ``costs``
+    {network: NetworkCost} (or a list, matched by name), ``resources`` the
+    :class:`~dnnfab.sw.metrics.costs.ResourceModel` for tensor moves (None: free). Same
+    policy and durations as ``Runtime(mode="modelled")`` with :func:`durations_from_costs`,
+    but no graph is needed and nothing is computed (``bit_exact`` is None). ``frames``
+    default: 3 of each network."""
+    if not isinstance(costs, dict):
+        costs = {c.name: c for c in costs}
+    dur = durations_from_costs(plan, costs)
+    xfer = resources.transfer_s if resources is not None else None
+    nets = [_CostNet(i, n, costs[n.name], dur[n.name], xfer) for i, n in enumerate(plan.networks)]
+    if frames is None and total_s is None:
+        frames = 3
+    with _Replay(plan, nets) as r:
+        return r.run(frames=frames, total_s=total_s, progress=False, check=False)
+
+
+def gantt_plan(result, path, frames=3):
+    """The Gantt chart of a schedule before it runs: ``result`` a
+    :class:`~dnnfab.sw.sched.api.ScheduleResult` (``plan``, ``costs``, ``rm``) or a
+    (plan, costs[, resources]) tuple; the first ``frames`` frames of each network, replayed
+    by :func:`replay_plan` (labelled modelled). Returns the path."""
+    if isinstance(result, tuple):
+        plan, costs, rm = (tuple(result) + (None,))[:3]
+    else:
+        plan, costs, rm = result.plan, result.costs, getattr(result, "rm", None)
+    return gantt(replay_plan(plan, costs, rm, frames=frames), path, frames=frames)
 
 
 # ====================================================================== the Gantt chart

@@ -381,3 +381,56 @@ def test_durations_from_the_metric_models_costs(qgs, samples):
         f, c = dur[name][r.layer]
         assert r.end - r.start == pytest.approx(f if r.resource == "fabric" else c)
     assert rep.bit_exact
+
+
+def _hand_costs(qg, name):
+    """A NetworkCost for ``qg`` built by hand (what the metric model fills)."""
+    from dnnfab.sw.metrics.costs import LayerCost, NetworkCost, Option
+    producer = {L.output: L.name for L in qg.layers}
+    ins = {t.name for t in qg.inputs}
+    outs = {t.name for t in qg.outputs}
+    size = lambda t: int(np.prod(qg.shape(t)))
+    layers = []
+    for i, L in enumerate(qg.layers):
+        opts = {"cpu": Option("cpu", cpu_s=(i + 1) * 1e-4)}
+        if _compute(L):
+            opts["fabric"] = Option("fabric", fabric_s=(i + 1) * 1e-5)
+            for c in (1, 5, 8, 16, 20, 31, 33):
+                opts[f"split:{c}"] = Option(f"split:{c}", fabric_s=7e-5, cpu_s=9e-5,
+                                            fabric_channels=c)
+        layers.append(LayerCost(L.name, L.op, 0, [producer[t] for t in L.inputs if t in producer],
+                                size(L.output), opts,
+                                graph_input_bytes=sum(size(t) for t in L.inputs if t in ins),
+                                is_output=L.output in outs))
+    return NetworkCost(name, layers)
+
+
+def test_replay_from_costs_alone_equals_the_runtimes_replay(qgs, samples, tmp_path):
+    from dnnfab.sw.metrics.costs import ResourceModel
+    from dnnfab.sw.runtime.realtime import durations_from_costs, gantt_plan, replay_plan
+    plan = Plan([make_plan(qgs, "digits-cnn", "mixed", period=0.001, deadline=0.01),
+                 make_plan(qgs, "eeg-seizure", "split", period=0.002, deadline=0.01)],
+                workers=2, clock_mhz=100)
+    costs = {n: _hand_costs(qgs[n], n) for n in NETS}
+    rm = ResourceModel("test", 100, 2, "board", {"fabric": 0.1, "cpu": 0.1},
+                       transfer_bytes_per_s=20e6, transfer_fixed_s=2e-5)
+    a = replay_plan(plan, costs, rm, frames=6)
+    assert a.mode == "modelled" and a.bit_exact is None and len(a.frames) == 12
+    with Runtime(plan, qgs, CFG, mode="modelled", durations=durations_from_costs(plan, costs),
+                 resources=rm, cache_dir=False) as rt:
+        b = rt.run(frames=6, feeds=_feeds(qgs, samples), progress=False)
+        check_timeline(b, rt)
+    assert b.bit_exact is True
+    key = lambda rep: [(r.network, r.frame, r.layer, r.resource, round(r.start, 12),
+                        round(r.end, 12)) for r in rep.layers]
+    assert key(a) == key(b)
+    assert [(f.network, f.index, round(f.end, 12)) for f in a.frames] == \
+        [(f.network, f.index, round(f.end, 12)) for f in b.frames]
+    # a tensor move delays its consumer: digits conv2 (CPU) after conv1 (fabric)
+    r = {(x.frame, x.layer): x for x in b.layers if x.network == "digits-cnn"}
+    assert r[(0, "pool1")].start >= r[(0, "conv1")].end + rm.transfer_s(16 * 8 * 8) - 1e-12
+    # without the resource model nothing is charged, and frames end earlier
+    c = replay_plan(plan, costs, None, frames=6)
+    assert sum(f.latency_s for f in c.frames) < sum(f.latency_s for f in a.frames)
+    png = gantt_plan((plan, costs, rm), str(tmp_path / "plan.png"))
+    assert (tmp_path / "plan.png").stat().st_size > 1000 and png.endswith("plan.png")
