@@ -838,7 +838,8 @@ class Runtime:
                             "placement": {L.name: n.target[L.name] for L in n.layers}}
         util = {r: (sum(x.end - x.start for x in layers if x.resource == r) / span if span else 0.0)
                 for r in RESOURCES}
-        return RunReport(mode=self.mode, label=REAL_LABEL if self.mode == "real" else MODELLED_LABEL,
+        label = REAL_LABEL if self.mode == "real" else MODELLED_LABEL
+        return RunReport(mode=self.mode, label=label,
                          clock_mhz=self.clock_mhz, workers=self.workers, wall_s=wall, span_s=span,
                          frames=recs, layers=layers, networks=nets,
                          hold_exceeded=self._hold_exceeded if self.mode == "real" else 0,

@@ -19,7 +19,7 @@ from dnnfab.errors import ConfigError, DnnfabError
 from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.sw.compiler.split import out_channels
 from dnnfab.sw.cpu.reference import run_reference
-from dnnfab.sw.runtime.realtime import Runtime, RunReport, gantt
+from dnnfab.sw.runtime.realtime import Runtime, gantt
 from dnnfab.sw.sched.plan import LayerChoice, NetworkPlan, Plan, Task
 
 from .faulty_backend import FaultyBackend
