@@ -87,6 +87,8 @@ __all__ = ["Runtime", "RunReport", "FrameRecord", "LayerRecord", "gantt", "gantt
            "replay_plan", "durations_from_costs", "MODES"]
 
 MODES = ("real", "modelled")
+#: ``durations`` key of a split layer's join (``L@join``; default 0)
+JOIN_SUFFIX = "@join"
 #: the interpreter's thread switch interval during a real run (see :meth:`Runtime.run`)
 SWITCH_INTERVAL_S = 1e-3
 RESOURCES = ("fabric", "cpu")
@@ -318,8 +320,9 @@ class Runtime:
     (one network only) or {network: Backend | "model"}; ``durations`` (modelled mode)
     {network: {layer: (fabric_s, cpu_s)}} keyed by the layers of the split graph -- a split
     half missing falls back to the entry of its original layer (``L@fab`` its fabric_s,
-    ``L@cpu`` its cpu_s) and the join to 0; a missing fabric time to the compiled cycles at
-    ``clock_mhz``; a missing CPU time is an error. ``options`` the CPU workers'
+    ``L@cpu`` its cpu_s); the join (named ``L`` in the graph) is keyed ``L@join``, default
+    0; a missing fabric time falls back to the compiled cycles at ``clock_mhz``; a missing
+    CPU time is an error. ``options`` the CPU workers'
     :class:`~dnnfab.sw.cpu.options.Options`; ``cache_dir`` for compiled networks
     (``False``: none); ``timeout_s`` per launch (default 1 s + 20x its modelled time);
     ``warmup``: run one frame of each network outside the timeline when built (see
@@ -435,16 +438,18 @@ class Runtime:
     def _durations(self, n, given):
         given = given or {}
         clk = self.clock_mhz * 1e6
+        splits = n.plan.splits()
         for L in n.layers:
             name = L.name
-            ent = given.get(name)
             base = None
+            if name in splits:                   # the join: never the split layer's own entry
+                ent = given.get(name + JOIN_SUFFIX, (0.0, 0.0))
+            else:
+                ent = given.get(name)
             if ent is None:
                 st = split_target(name)
                 if st is not None:
                     base = given.get(name[:-len(FAB_SUFFIX if st == "fabric" else CPU_SUFFIX)])
-                elif name in n.plan.splits():
-                    ent = (0.0, 0.0)             # the join of a split layer
             f = c = None
             if ent is not None:
                 f, c = ent
@@ -903,8 +908,8 @@ def durations_from_costs(plan, costs):
     * a CPU layer: its ``"cpu"`` option's cpu_s (fabric_s the same: it never runs there);
     * a split ``L`` at C channels: ``L@fab`` the ``"split:C"`` option's fabric_s (its CPU
       re-run: the ``"cpu"`` option's cpu_s scaled by C / Cout), ``L@cpu`` that option's
-      cpu_s (the CPU half and the join, as the metric model counts them), the join ``L``
-      (0, 0).
+      cpu_s (the CPU half and the join, as the metric model counts them), the join
+      ``L@join`` (0, 0).
 
     Tensor moves between the resources (``ResourceModel.transfer_s``) are not in these
     figures; the replay does not charge them."""
@@ -923,7 +928,7 @@ def durations_from_costs(plan, costs):
                 frac = c.fabric_channels / max(1, c.out_channels or c.fabric_channels)
                 d[c.layer + FAB_SUFFIX] = (opt.fabric_s, cpu * frac)
                 d[c.layer + CPU_SUFFIX] = (opt.cpu_s, opt.cpu_s)
-                d[c.layer] = (0.0, 0.0)
+                d[c.layer + JOIN_SUFFIX] = (0.0, 0.0)
             elif c.resource == "fabric" and "fabric" in lc.options:
                 d[c.layer] = (lc.options["fabric"].fabric_s, cpu)
             else:
@@ -976,7 +981,8 @@ class _CostNet:
             for p in self.deps[x]:
                 self.consumers[p].append(x)
         self.sources = [x for x in names if not self.deps[x]]
-        self.dur = {x: dur.get(x, (0.0, 0.0)) for x in names}
+        joins = {c.layer for c in nplan.layers if c.resource == "split"}
+        self.dur = {x: dur.get(x + JOIN_SUFFIX if x in joins else x, (0.0, 0.0)) for x in names}
         self.xfer = xfer
 
 

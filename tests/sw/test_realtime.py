@@ -263,13 +263,18 @@ def _modelled(qgs, samples):
     plan = Plan([make_plan(qgs, "digits-cnn", "mixed", period=0.004, deadline=0.012),
                  make_plan(qgs, "eeg-seizure", "split", period=0.015, deadline=0.03)],
                 workers=2, clock_mhz=50)
-    durations = {n: {L.name: (5e-4, 8e-4 if _compute(L) else 1e-4) for L in apply(qgs, plan, n)}
-                 for n in NETS}
+    durations = {n: {dkey(plan, n, L.name): (5e-4, 8e-4 if _compute(L) else 1e-4)
+                     for L in apply(qgs, plan, n)} for n in NETS}
     with Runtime(plan, qgs, CFG, mode="modelled", durations=durations, cache_dir=False) as rt:
         rep = rt.run(total_s=0.06, feeds=_feeds(qgs, samples), progress=False)
         check_timeline(rep, rt)
         check_policy(rep, rt)
-    return rep, durations
+    return rep, durations, plan
+
+
+def dkey(plan, network, layer):
+    """The ``durations`` key of a layer of the split graph (a split's join: ``L@join``)."""
+    return layer + "@join" if layer in plan.network(network).splits() else layer
 
 
 def apply(qgs, plan, name):
@@ -301,8 +306,8 @@ def check_policy(rep, rt):
 
 
 def test_modelled_replay_is_deterministic_and_labelled(qgs, samples):
-    a, dur = _modelled(qgs, samples)
-    b, _ = _modelled(qgs, samples)
+    a, dur, plan = _modelled(qgs, samples)
+    b, _, _ = _modelled(qgs, samples)
     assert a.mode == "modelled" and "modelled" in a.label
     assert a.to_dict()["frame_records"] == b.to_dict()["frame_records"]
     ka = [(r.network, r.frame, r.layer, r.resource, r.start, r.end) for r in a.layers]
@@ -311,7 +316,7 @@ def test_modelled_replay_is_deterministic_and_labelled(qgs, samples):
     assert a.bit_exact is True and a.hold_exceeded == 0
     assert len(a.frames) == 15 + 4                # 0.06 s at 4 ms and at 15 ms
     for r in a.layers:                            # times are the replay's durations
-        f, c = dur[r.network][r.layer]
+        f, c = dur[r.network][dkey(plan, r.network, r.layer)]
         assert r.end - r.start == pytest.approx(f if r.resource == "fabric" else c)
     # frames of a network overlap on the two resources (pipelining)
     fab = [r for r in a.layers if r.resource == "fabric"]
@@ -373,14 +378,20 @@ def test_durations_from_the_metric_models_costs(qgs, samples):
         layers.append(LayerCost(L.name, L.op, 0, [], 0, opts))
     dur = durations_from_costs(plan, {name: NetworkCost(name, layers)})
     assert dur[name]["fc1@fab"][0] == 7e-5 and dur[name]["fc1@cpu"][1] == 9e-5
-    assert dur[name]["fc1"] == (0.0, 0.0) and dur[name]["conv1"][0] == 1e-5
+    assert dur[name]["fc1@join"] == (0.0, 0.0) and dur[name]["conv1"][0] == 1e-5
     with Runtime(plan, {name: qgs[name]}, CFG, mode="modelled", durations=dur,
                  cache_dir=False) as rt:
         rep = rt.run(frames=2, feeds=_feeds(qgs, samples), progress=False)
     for r in rep.layers:
-        f, c = dur[name][r.layer]
+        f, c = dur[name][dkey(plan, name, r.layer)]
         assert r.end - r.start == pytest.approx(f if r.resource == "fabric" else c)
     assert rep.bit_exact
+    # the join defaults to 0, never the split layer's own entry
+    dur[name]["fc1"] = (1.0, 1.0)
+    del dur[name]["fc1@join"]
+    with Runtime(plan, {name: qgs[name]}, CFG, mode="modelled", durations=dur, warmup=False,
+                 cache_dir=False) as rt:
+        assert rt.nets[0].dur["fc1"] == (0.0, 0.0)
 
 
 def _hand_costs(qg, name):
