@@ -379,6 +379,22 @@ class Runtime:
             self.close()
             raise
 
+    @classmethod
+    def from_schedule(cls, result, graphs, cfg=None, mode=None, **kw):
+        """A runtime for a :class:`~dnnfab.sw.sched.api.ScheduleResult` (``plan``, ``costs``,
+        ``rm``). ``mode`` default: ``"real"`` when the plan was made for this machine's CPU
+        (``plan.host == "local"``), else ``"modelled"`` with :func:`durations_from_costs`
+        and the result's resource model (the board's CPU is not this machine's)."""
+        plan = result.plan
+        if mode is None:
+            mode = "real" if plan.host == "local" else "modelled"
+        if mode == "modelled":
+            costs = result.costs if isinstance(result.costs, dict) else \
+                {c.name: c for c in result.costs}
+            kw.setdefault("durations", durations_from_costs(plan, costs))
+            kw.setdefault("resources", getattr(result, "rm", None))
+        return cls(plan, graphs, cfg, mode=mode, **kw)
+
     # -- setting up ---------------------------------------------------------------------
     def _compile(self, n, cache_dir):
         n.net = compile_network(n.graph, self.cfg, chain=False, cpu_layers=n.plan.cpu_layers(),

@@ -445,3 +445,21 @@ def test_replay_from_costs_alone_equals_the_runtimes_replay(qgs, samples, tmp_pa
     assert sum(f.latency_s for f in c.frames) < sum(f.latency_s for f in a.frames)
     png = gantt_plan((plan, costs, rm), str(tmp_path / "plan.png"))
     assert (tmp_path / "plan.png").stat().st_size > 1000 and png.endswith("plan.png")
+
+
+def test_from_schedule_picks_the_mode_by_host(qgs, samples):
+    from types import SimpleNamespace
+    from dnnfab.sw.metrics.costs import ResourceModel
+    name = "eeg-seizure"
+    plan = Plan([make_plan(qgs, name, "mixed", period=0.01)], workers=1, host="board")
+    rm = ResourceModel("test", 100, 1, "board", {"fabric": 0.1}, transfer_bytes_per_s=1e8)
+    res = SimpleNamespace(plan=plan, costs=[_hand_costs(qgs[name], name)], rm=rm)
+    with Runtime.from_schedule(res, {name: qgs[name]}, CFG, cache_dir=False,
+                               warmup=False) as rt:
+        assert rt.mode == "modelled" and rt.nets[0].xfer is not None
+        rep = rt.run(frames=2, feeds=_feeds(qgs, samples), progress=False)
+    assert rep.bit_exact and rep.mode == "modelled"
+    plan.host = "local"
+    with Runtime.from_schedule(res, {name: qgs[name]}, CFG, cache_dir=False,
+                               warmup=False) as rt:
+        assert rt.mode == "real"
