@@ -1072,10 +1072,15 @@ class CpuWorkers:
     for (default: this machine's -- pass another only to test the selector's choices on a
     machine that has them). ``profile``: a :class:`~dnnfab.sw.cpu.profile.CpuProfile`; a
     layer it measured no faster at ``threads`` threads than at 1 is not split (its
-    ``engine_report`` entry says so in ``note``).
+    ``engine_report`` entry says so in ``note``). ``share_pool``: another
+    :class:`CpuWorkers` (same thread count) whose pool threads and run lock this one uses
+    instead of starting its own -- one pool serving several graphs, one layer or run at a
+    time (the real-time runtime's CPU resource); closing a sharer leaves the pool running,
+    closing the owner stops it.
     """
 
-    def __init__(self, qg, threads=None, options=None, features=None, profile=None):
+    def __init__(self, qg, threads=None, options=None, features=None, profile=None,
+                 share_pool=None):
         if options is None:
             options = Options.from_env()
         if threads is None:
@@ -1103,8 +1108,17 @@ class CpuWorkers:
                                            f"{self.threads} threads, {t1:.3f} ms at 1")
             self._progs[id(L)] = p
         self._steps, self._step_progs, self._fused_into = self._fuse()
-        self._pool = _Pool(self.threads)
-        self._finalizer = weakref.finalize(self, self._pool.shutdown)
+        if share_pool is not None:
+            if share_pool.threads != self.threads:
+                raise DnnfabError(f"share_pool has {share_pool.threads} threads, this "
+                                  f"CpuWorkers {self.threads}; share a pool of the same size")
+            share_pool._check_open()
+            self._owner = share_pool          # keeps the owner (and so its pool) alive
+            self._pool, self._lock = share_pool._pool, share_pool._lock
+            self._finalizer = weakref.finalize(self, lambda: None)
+        else:
+            self._pool = _Pool(self.threads)
+            self._finalizer = weakref.finalize(self, self._pool.shutdown)
 
     # ------------------------------------------------------------------ preparation
     def _prepare(self, L, t):

@@ -1,6 +1,6 @@
 """Layer 10, the top of the host side: the public API (:mod:`.api`: ``dnnfab.load`` /
-``dnnfab.quantize``), placement and input checks (:mod:`.network`), running a network on fabric + CPU (:mod:`.session`: ``InferenceSession``) and
-the command line (:mod:`.cli`, :mod:`.runcli`). May import every layer below it
+``dnnfab.quantize``), placement and input checks (:mod:`.network`), running a network on fabric + CPU (:mod:`.session`: ``InferenceSession``), executing a
+scheduler's plan in real time (:mod:`.realtime`: ``Runtime``) and the command line (:mod:`.cli`, :mod:`.runcli`). May import every layer below it
 (docs/architecture.md)."""
 
 from ..cpu.options import Options  # noqa: F401  (how the CPU layers run; passed down explicitly)
