@@ -227,6 +227,14 @@ class _Net:
         self.outs = {L.name for L in self.layers if L.output in outs}
         self.nocharge = {(x + FAB_SUFFIX, x) for x in nplan.splits()}
         self.xfer = None
+        self._order = {}
+
+    def order(self, res):
+        """The layers on ``res`` in topological order."""
+        o = self._order.get(res)
+        if o is None:
+            o = self._order[res] = [L.name for L in self.layers if self.target.get(L.name) == res]
+        return o
 
 
 class _Frame:
@@ -239,6 +247,8 @@ class _Frame:
             for t in net.graph.inputs:
                 self.env.put(t.name, np.asarray(feed_q[t.name]), "lg")
         self.pending = {n: len(d) for n, d in net.deps.items()}
+        self.head = {"fabric": 0, "cpu": 0}
+        self.held = set()
         self.ready_at = {}
         self.out_end = 0.0
         self.left = len(net.layers)
@@ -552,8 +562,28 @@ class Runtime:
         return frame.net.target[lname]
 
     def _push_ready(self, frame, names, heaps):
+        """Queue the layers whose inputs are there -- each only once every earlier layer
+        (topological order) of its frame on the same resource has been dispatched: within
+        a frame a resource takes its layers in order, as the scheduler models it
+        (:mod:`dnnfab.sw.sched.milp`); a ready layer behind the head waits in
+        ``frame.held``."""
         for lname in names:
-            heapq.heappush(heaps[self._resource_of(frame, lname)], self._entry(frame, lname))
+            res = self._resource_of(frame, lname)
+            order = frame.net.order(res)
+            if order[frame.head[res]] == lname:
+                heapq.heappush(heaps[res], self._entry(frame, lname))
+            else:
+                frame.held.add(lname)
+
+    def _dispatched(self, frame, lname, res, heaps):
+        """``lname`` left ``res``'s queue: the frame's next layer there may go."""
+        order = frame.net.order(res)
+        h = frame.head[res]
+        if h < len(order) and order[h] == lname:
+            frame.head[res] = h = h + 1
+            if h < len(order) and order[h] in frame.held:
+                frame.held.discard(order[h])
+                heapq.heappush(heaps[res], self._entry(frame, order[h]))
 
     def _xfer(self, n, p, c):
         """Modelled seconds to move ``p``'s output to consumer ``c`` (0: same side, no
@@ -686,7 +716,10 @@ class Runtime:
                         if state["stop"]:
                             return
                         ent = heapq.heappop(heaps[res])
-                    frame, lname, err = ent[5], ent[6], ent[7]
+                        frame, lname, err = ent[5], ent[6], ent[7]
+                        if err is None:
+                            self._dispatched(frame, lname, res, heaps)
+                            cv.notify_all()
                     n = frame.net
                     a = now() - t0
                     if res == "fabric":
@@ -796,6 +829,8 @@ class Runtime:
                 if busy[res] is None and heaps[res]:
                     ent = heapq.heappop(heaps[res])
                     frame, lname, err = ent[5], ent[6], ent[7]
+                    if err is None:
+                        self._dispatched(frame, lname, res, heaps)
                     n = frame.net
                     f_s, c_s = n.dur[lname]
                     if res == "fabric":
@@ -924,8 +959,7 @@ def durations_from_costs(plan, costs):
     * a CPU layer: its ``"cpu"`` option's cpu_s (fabric_s the same: it never runs there);
     * a split ``L`` at C channels: ``L@fab`` the ``"split:C"`` option's fabric_s (its CPU
       re-run: the ``"cpu"`` option's cpu_s scaled by C / Cout), ``L@cpu`` that option's
-      cpu_s (the CPU half and the join, as the metric model counts them), the join
-      ``L@join`` (0, 0).
+      cpu_s, the join ``L@join`` what the option's latency adds to the longer half.
 
     Tensor moves between the resources (``ResourceModel.transfer_s``) are not in these
     figures; the replay does not charge them."""
@@ -944,7 +978,9 @@ def durations_from_costs(plan, costs):
                 frac = c.fabric_channels / max(1, c.out_channels or c.fabric_channels)
                 d[c.layer + FAB_SUFFIX] = (opt.fabric_s, cpu * frac)
                 d[c.layer + CPU_SUFFIX] = (opt.cpu_s, opt.cpu_s)
-                d[c.layer + JOIN_SUFFIX] = (0.0, 0.0)
+                # the join: what the option's duration adds to its longer half
+                join = max(0.0, opt.latency_s - max(opt.fabric_s, opt.cpu_s))
+                d[c.layer + JOIN_SUFFIX] = (join, join)
             elif c.resource == "fabric" and "fabric" in lc.options:
                 d[c.layer] = (lc.options["fabric"].fabric_s, cpu)
             else:
@@ -1000,6 +1036,9 @@ class _CostNet:
         joins = {c.layer for c in nplan.layers if c.resource == "split"}
         self.dur = {x: dur.get(x + JOIN_SUFFIX if x in joins else x, (0.0, 0.0)) for x in names}
         self.xfer = xfer
+        self._order = {}
+
+    order = _Net.order
 
 
 class _Replay(Runtime):

@@ -160,8 +160,7 @@ def evaluate(tasks, costs, rm: ResourceModel, assign, power_cap_w=None):
             if L.is_output and o.out_side == "fabric":
                 done += rm.transfer_s(L.out_bytes)
                 energy += rm.transfer_j(L.out_bytes)
-            if L.is_output or L is nc.layers[-1]:
-                lat = max(lat, done)
+            lat = max(lat, done)             # the frame is done when every layer is
         per[t.name] = {"latency_s": lat, "busy_s": busy, "energy_j": energy, "times": times,
                        "longest_s": longest}
     inter = _interference(tasks, _coeffs(tasks, costs), {n: v["busy_s"] for n, v in per.items()},
@@ -299,11 +298,10 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
             yfab[L.name] = xs["fabric"] if "fabric" in xs else None
             if yfab[L.name] is None:
                 yfab[L.name] = V.add(0, 0)            # a constant 0
-            if L.is_output or L is nc.layers[-1]:
-                T = rm.transfer_s(L.out_bytes) if L.is_output else 0.0
-                R.add([(Lv, 1), (f, -1), (yfab[L.name], -T)], 0)
-                if L.is_output and T:
-                    e_terms.append((yfab[L.name], rm.transfer_j(L.out_bytes)))
+            T = rm.transfer_s(L.out_bytes) if L.is_output else 0.0
+            R.add([(Lv, 1), (f, -1), (yfab[L.name], -T)], 0)     # done when every layer is
+            if L.is_output and T:
+                e_terms.append((yfab[L.name], rm.transfer_j(L.out_bytes)))
         # tensor moves' energy: once per producer and direction
         for p, sides in need_c.items():
             pb = nc.layer(p).out_bytes
