@@ -296,6 +296,9 @@ def _table_rows(layers):
 def cmd_run(args):
     from ...gencli import config_from_args
     from .network import check_run_config
+    from .schedcli import cmd_run_plan, wants_plan
+    if wants_plan(args):
+        return cmd_run_plan(args)
     _check_counts(args.samples, args.calib)
     cfg = config_from_args(args)
     check_run_config(cfg, cli=True)
@@ -355,5 +358,11 @@ def register(sub):
     p.add_argument("--require-fabric", action="store_true",
                    help="fail (naming the limit) if a conv/GEMM does not map onto the config "
                         "instead of running it on the CPU")
+    from .schedcli import add_schedule_args
+    add_schedule_args(p, host="local")
+    p.add_argument("--frames", type=int, default=None,
+                   help="run a real-time plan (see `dnnfab schedule`) for N frames")
+    p.add_argument("--gantt", metavar="PNG", default=None,
+                   help="with --frames: draw the first frames' timeline")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_run)

@@ -10,12 +10,13 @@ import warnings
 
 from ...errors import ConfigError
 
-__all__ = ["add_schedule_args", "plan_from_args", "register", "print_plan"]
+__all__ = ["add_schedule_args", "plan_from_args", "register", "print_plan", "wants_plan",
+           "cmd_run_plan"]
 
 DEFAULT_BOARD = "ulx3s-85f"
 
 
-def add_schedule_args(p, model_optional=True):
+def add_schedule_args(p, host="board"):
     g = p.add_argument_group("real-time schedule")
     g.add_argument("--deadline-ms", type=float, default=None,
                    help="each frame's deadline (default: the period; without --fps too: "
@@ -30,9 +31,10 @@ def add_schedule_args(p, model_optional=True):
                    help="frame rate of each --also network, in order")
     g.add_argument("--also-deadline-ms", action="append", type=float, default=[], metavar="D2",
                    help="deadline of each --also network (default its period)")
-    g.add_argument("--host", choices=("board", "local"), default="board",
-                   help="CPU side: the board's own CPU, modelled from its documented figures "
-                        "(default), or this machine's workers, measured")
+    g.add_argument("--host", choices=("board", "local"), default=host,
+                   help="CPU side: the board's own CPU, modelled from its documented figures, "
+                        "or this machine's workers, measured (a real timeline here); default "
+                        + host)
     g.add_argument("--workers", type=int, default=None,
                    help="CPU worker threads (default: the scheduler tries 1..the cores)")
     g.add_argument("--no-split", action="store_true",
@@ -159,3 +161,67 @@ def register(sub):
     p.add_argument("--gantt", metavar="PNG", default=None, help="draw a few frames of the plan")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_schedule)
+
+
+def wants_plan(args):
+    """``dnnfab run`` with any real-time option runs a schedule instead of the main job."""
+    return any(getattr(args, k, None) not in (None, [], False) for k in
+               ("frames", "fps", "deadline_ms", "also", "power_cap_w", "gantt")) or \
+        getattr(args, "objective", "energy") != "energy"
+
+
+def cmd_run_plan(args):
+    """``dnnfab run MODEL --fps F --frames N ...``: plan, then run the plan for real (this
+    machine's CPU: ``--host local``, the default here) or on the modelled timeline
+    (``--host board``), check every frame against the integer reference."""
+    from ...gencli import config_from_args
+    from .realtime import Runtime, gantt
+    if args.board is None:
+        args.board = DEFAULT_BOARD
+    frames = 20 if args.frames is None else args.frames
+    if frames < 1:
+        raise ConfigError(f"--frames must be at least 1 (got {frames})")
+    cfg = config_from_args(args)
+    say = None if args.json else (lambda m: print(f"... {m}", file=sys.stderr))
+    res, graphs = plan_from_args(args, cfg, progress=say)
+    s = res.summary()
+    if not s["feasible"]:
+        if args.json:
+            s.update(frames=0, deadline_misses=None, bit_exact=None)
+            print(json.dumps(s, indent=2, default=float))
+        else:
+            print_plan(s, f"schedule on {s['board']} ({s['host']} CPU)")
+        return 1
+    if say:
+        say(f"running {frames} frames of each network ({'real' if res.plan.host == 'local' else 'modelled'} "
+            "timeline)")
+    counts = {}
+    rate = sum(1 / t.period_s for t in res.tasks)
+    for t in res.tasks:       # frames of each network in proportion to its rate
+        counts[t.name] = max(1, round(frames * (1 / t.period_s) / rate * len(res.tasks)))
+    with Runtime.from_schedule(res, graphs, cfg) as rt:
+        rep = rt.run(frames=counts, progress=not args.json)
+    d = rep.to_dict(layers=False)
+    d.pop("frame_records", None)
+    first = res.tasks[0].name
+    s.update(frames=d["frames"], deadline_misses=d["deadline_misses"], bit_exact=d["bit_exact"],
+             latency_ms=dict(d["latency_ms"][first], model=s["latency_ms"]["model"],
+                         bound=s["latency_ms"]["bound"]),
+             timeline=d["label"], run=d)
+    if args.gantt:
+        gantt(rep, args.gantt, frames=3)
+        s["gantt"] = args.gantt
+    if args.json:
+        print(json.dumps(s, indent=2, default=float))
+        return 0
+    print_plan(s, f"schedule on {s['board']} ({s['host']} CPU), objective {s['objective']}")
+    for name, v in d["latency_ms"].items():
+        net = d["networks"][name]
+        print(f"{name}: {net.get('frames', '?')} frames, latency p50 {v['p50']:.3f} / p99 "
+              f"{v['p99']:.3f} / max {v['max']:.3f} ms, deadline "
+              f"{net.get('deadline_s', 0) * 1e3:.4g} ms, misses {net.get('deadline_misses', '?')}")
+    print(f"{d['label']}: {d['frames']} frames, {d['deadline_misses']} deadline misses, "
+          f"{d['degraded_frames']} degraded; bit-exact vs the integer reference: {d['bit_exact']}")
+    for n in d["notes"]:
+        print(f"note: {n}", file=sys.stderr)
+    return 0
