@@ -123,6 +123,6 @@ def plan_networks(nets, board="ulx3s-85f", cfg=None, host="board", objective="en
         else:
             tasks.append(Task(name, 1.0 / fps, deadline_ms / 1e3 if deadline_ms else 1.0 / fps))
     plan, rep = schedule(tasks, costs_by_w, rms, objective, power_cap_w, time_limit_s,
-                         board=mm.board_id, host=host)
+                         board=mm.board.id, host=host)
     return ScheduleResult(plan=plan, baselines=rep["baselines"], costs=rep["costs"], rm=rep["rm"],
                           tasks=tasks, model_s=model_s, notes=notes)
