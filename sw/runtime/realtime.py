@@ -25,10 +25,12 @@ same time; the join (a pass-through concat named ``L``) runs on the CPU.
 **Policy.** A network releases a frame every ``period_s`` (frame k at ``k * period_s``
 after the start; every network starts at 0); a frame's layers form a DAG (each layer waits
 for the producers of its inputs). Whenever a resource is free it takes, among the ready
-layers assigned to it, the one of the **earliest-released frame, ties broken by the
-layer's topological index** (then the network's index in the plan, then the frame
-index); it is not preempted. This is the policy the scheduler's response-time bound
-models. Frames of a network overlap (the fabric on frame k+1 while the CPU finishes frame
+layers assigned to it, the one of the **highest-priority network** (deadline-monotonic:
+the shorter relative deadline first), then of the **earliest-released frame**, ties
+broken by the layer's topological index (then the network's index in the plan, then the
+frame index); within a frame a resource takes its layers in topological order; nothing is
+preempted. This is the policy the scheduler's model and response-time bound assume
+(:mod:`dnnfab.sw.sched.milp`). Frames of a network overlap (the fabric on frame k+1 while the CPU finishes frame
 k) and networks run side by side at their own rates. A frame's latency is from its
 release to the end of its last layer; it misses its deadline when that exceeds
 ``task.deadline_s``.
@@ -81,6 +83,7 @@ from ..cpu.reference import Env, run_reference
 from ..cpu.workers import CpuWorkers
 from .. import driver
 from ..driver.backend import Backend
+from ..sched.milp import priority
 from .network import check_finite
 
 __all__ = ["Runtime", "RunReport", "FrameRecord", "LayerRecord", "gantt", "gantt_plan",
@@ -554,9 +557,14 @@ class Runtime:
         return _Frame(n, k, release, qg.quantize_inputs(feed))
 
     def _entry(self, frame, lname, err=None):
+        """A queue entry: the network's deadline-monotonic rank first (the scheduler's
+        :func:`~dnnfab.sw.sched.milp.priority`), then release, topological index."""
         n = frame.net
-        return (frame.release, n.topo[lname], n.index, frame.index, next(self._seq),
-                frame, lname, err)
+        rank = self.__dict__.get("_rank")
+        if rank is None:
+            rank = self._rank = priority([m.task for m in self.nets])
+        return (rank[n.name], frame.release, n.topo[lname], n.index, frame.index,
+                next(self._seq), frame, lname, err)
 
     def _resource_of(self, frame, lname):
         return frame.net.target[lname]
@@ -716,7 +724,7 @@ class Runtime:
                         if state["stop"]:
                             return
                         ent = heapq.heappop(heaps[res])
-                        frame, lname, err = ent[5], ent[6], ent[7]
+                        frame, lname, err = ent[6], ent[7], ent[8]
                         if err is None:
                             self._dispatched(frame, lname, res, heaps)
                             cv.notify_all()
@@ -828,7 +836,7 @@ class Runtime:
             for res in RESOURCES:
                 if busy[res] is None and heaps[res]:
                     ent = heapq.heappop(heaps[res])
-                    frame, lname, err = ent[5], ent[6], ent[7]
+                    frame, lname, err = ent[6], ent[7], ent[8]
                     if err is None:
                         self._dispatched(frame, lname, res, heaps)
                     n = frame.net
@@ -853,9 +861,9 @@ class Runtime:
                     continue
                 end, ent, a = busy[res]
                 busy[res] = None
-                frame, lname, err = ent[5], ent[6], ent[7]
+                frame, lname, err = ent[6], ent[7], ent[8]
                 if res == "fabric":
-                    cycles, exc = ent[8], ent[9]
+                    cycles, exc = ent[9], ent[10]
                     if exc is not None:
                         msg = self._fault(frame, lname, exc, heaps)
                         self._record(frame, lname, res, a, end, error=msg)

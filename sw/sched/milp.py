@@ -20,17 +20,18 @@ solution of these inequalities is the list schedule itself, so a plan is feasibl
 program exactly when its schedule meets the deadline: independent branches on different
 resources overlap (inter-operator parallelism), the rest serialises.
 
-Several networks share the resources. Each frame's latency L_n is computed on idle
-resources, and its response bound adds the work of other frames that can get in its way
-(each resource serves the earliest-released ready frame first, layers are not
-preempted): frames released before it and still pending (ceil(D_m / P_m) of network m,
-ceil(D_n / P_n) - 1 of its own) count with their whole busy time; frames released later
-can only block it for one layer each time it waits for a resource (at most its layer
-count times m's longest layer), or whole when that is less (:func:`_coeffs`). The
-deadline constraint is ``L_n + interference_n <= D_n`` -- a sufficient condition in the
-style of non-preemptive response-time analysis, which the runtime's real timeline
-checks. Each resource's utilisation sum_n busy_{n,r} / P_n stays <= 1, and an optional
-power cap bounds the average power ``idle + sum_n E_n / P_n``.
+Several networks share the resources. Each resource serves the ready layer of the
+highest-priority network first -- deadline-monotonic: the shorter relative deadline
+wins -- and one network's frames by release; layers are not preempted. Each frame's
+latency L_n is computed on idle resources; its response bound adds what can get in its
+way (:func:`_coeffs`): every frame of a higher-priority network released while it is
+pending (ceil(D_n / P_m) + 1 of them, whole), one layer of a lower-priority network
+each time one of its layers waits (at most its layer count times that network's
+longest layer), and its own earlier frames when D_n > P_n. ``L_n + interference_n <=
+D_n`` is the classic non-preemptive fixed-priority response test (sufficient), which
+the runtime's timeline checks for real. Each resource's utilisation sum_n busy_{n,r} /
+P_n stays <= 1, and an optional power cap bounds the average power
+``idle + sum_n E_n / P_n``.
 
 Objectives: ``energy`` (sum over networks of the energy per frame), ``power`` (average
 power, frames weighted by their rate), ``latency`` (sum of L_n / D_n), or a weighted sum
@@ -51,7 +52,7 @@ from ..metrics.costs import NetworkCost, ResourceModel
 from .plan import LayerChoice, NetworkPlan, Plan, Task
 
 __all__ = ["OBJECTIVES", "solve", "schedule", "evaluate", "baselines", "exhaustive",
-           "parse_objective"]
+           "parse_objective", "priority"]
 
 OBJECTIVES = ("energy", "power", "latency")
 
@@ -79,34 +80,36 @@ def parse_objective(spec):
 
 
 # ---------------------------------------------------------------------- evaluation
+def priority(tasks):
+    """{network: rank}: deadline-monotonic (the shorter relative deadline first, then the
+    order given); the runtime's queues use the same ranks."""
+    order = sorted(range(len(tasks)), key=lambda i: (tasks[i].deadline_s, i))
+    return {tasks[i].name: r for r, i in enumerate(order)}
+
+
 def _coeffs(tasks, costs):
     """{(n, m): (frames, layers)}: the response bound of network n adds ``frames`` x the
-    busy time of a frame of m plus ``layers`` x m's longest layer (see the module
-    docstring). Earlier frames (released before n's, still pending: ceil(D_m / P_m) of m,
-    ceil(D_n / P_n) - 1 of n itself) count whole; frames released later can only block n
-    for one layer each time n waits for a resource (at most n's layer count times), or
-    whole if that is less (ceil(D_n / P_m) of them): the smaller of the two at the
-    all-fabric figures is used, a constant, so the bound stays linear."""
+    busy time of a frame of m plus ``layers`` x m's longest layer.
+
+    Each resource serves the ready layer of the highest-priority network first
+    (deadline-monotonic, :func:`priority`), frames of one network by release; layers are
+    not preempted. So for a frame of n: a higher-priority m gets in its way with every
+    frame released while n's is pending, ceil(D_n / P_m) + 1 of them; a lower-priority m
+    only with the one layer a resource is running when n's layer becomes ready, at most
+    once per layer of n; n's own earlier frames, ceil(D_n / P_n) - 1 of them, count whole
+    (the classic non-preemptive fixed-priority response bound, with D_n for the response
+    time: a sufficient test)."""
+    rank = priority(tasks)
+    n_layers = {t.name: len(nc.layers) for t, nc in zip(tasks, costs)}
     out = {}
-    ref = {}
-    for t, nc in zip(tasks, costs):
-        busy = sum(max(o.fabric_s + o.cpu_s for o in L.options.values()) for L in nc.layers)
-        lam = max((max(max(o.fabric_s, o.cpu_s) for o in L.options.values()) for L in nc.layers),
-                  default=0.0)
-        ref[t.name] = (busy, lam, len(nc.layers))
     for t in tasks:
         for m in tasks:
             if m.name == t.name:
                 out[(t.name, m.name)] = (max(0, math.ceil(t.deadline_s / t.period_s - 1e-12) - 1), 0)
-                continue
-            before = math.ceil(m.deadline_s / m.period_s - 1e-12)
-            later = math.ceil(t.deadline_s / m.period_s - 1e-12)
-            busy, lam, _ = ref[m.name]
-            k_n = ref[t.name][2]
-            if later * busy <= k_n * lam:
-                out[(t.name, m.name)] = (before + later, 0)
+            elif rank[m.name] < rank[t.name]:
+                out[(t.name, m.name)] = (math.ceil(t.deadline_s / m.period_s - 1e-12) + 1, 0)
             else:
-                out[(t.name, m.name)] = (before, k_n)
+                out[(t.name, m.name)] = (0, n_layers[t.name])
     return out
 
 

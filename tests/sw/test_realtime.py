@@ -260,7 +260,7 @@ def test_launches_held_to_modelled_duration(qgs):
 
 # ------------------------------------------------------------------ modelled replay
 def _modelled(qgs, samples):
-    plan = Plan([make_plan(qgs, "digits-cnn", "mixed", period=0.004, deadline=0.012),
+    plan = Plan([make_plan(qgs, "digits-cnn", "mixed", period=0.003, deadline=0.012),
                  make_plan(qgs, "eeg-seizure", "split", period=0.015, deadline=0.03)],
                 workers=2, clock_mhz=50)
     durations = {n: {dkey(plan, n, L.name): (5e-4, 8e-4 if _compute(L) else 1e-4)
@@ -283,20 +283,28 @@ def apply(qgs, plan, name):
 
 
 def check_policy(rep, rt):
-    """Exactly the policy: whenever a resource starts a layer, no layer ready on it then
-    had an earlier release (or the same release and a smaller topological index)."""
+    """Exactly the policy: whenever a resource starts a layer, no layer eligible on it then
+    (inputs there, the frame's earlier layers on that resource started) belonged to a
+    higher-priority network (deadline-monotonic), or to the same network and an earlier
+    release, or the same release and a smaller topological index."""
+    from dnnfab.sw.sched.milp import priority
     nets = {n.name: n for n in rt.nets}
+    rank = priority([n.task for n in rt.nets])
     end = {(r.network, r.frame, r.layer): r.end for r in rep.layers}
+    start = {(r.network, r.frame, r.layer, r.resource): r.start for r in rep.layers}
     rel = {(f.network, f.index): f.release for f in rep.frames}
 
     def ready(r):
         n = nets[r.network]
-        return max([rel[(r.network, r.frame)]] +
+        order = n.order(r.resource)
+        i = order.index(r.layer)
+        before = [start[(r.network, r.frame, order[i - 1], r.resource)]] if i else []
+        return max([rel[(r.network, r.frame)]] + before +
                    [end[(r.network, r.frame, d)] for d in n.deps[r.layer]])
 
     def key(r):
         n = nets[r.network]
-        return (rel[(r.network, r.frame)], n.topo[r.layer], n.index, r.frame)
+        return (rank[r.network], rel[(r.network, r.frame)], n.topo[r.layer], n.index, r.frame)
     for res in ("fabric", "cpu"):
         recs = sorted((r for r in rep.layers if r.resource == res), key=lambda r: r.start)
         for i, r in enumerate(recs):
@@ -314,7 +322,7 @@ def test_modelled_replay_is_deterministic_and_labelled(qgs, samples):
     kb = [(r.network, r.frame, r.layer, r.resource, r.start, r.end) for r in b.layers]
     assert ka == kb
     assert a.bit_exact is True and a.hold_exceeded == 0
-    assert len(a.frames) == 15 + 4                # 0.06 s at 4 ms and at 15 ms
+    assert len(a.frames) == 20 + 4                # 0.06 s at 3 ms and at 15 ms
     for r in a.layers:                            # times are the replay's durations
         f, c = dur[r.network][dkey(plan, r.network, r.layer)]
         assert r.end - r.start == pytest.approx(f if r.resource == "fabric" else c)
