@@ -1,0 +1,166 @@
+"""Validate the metric model (sw/metrics/model.py) against measurements on this machine.
+
+* CPU: the model's latency of every layer with host="local" (the CpuProfile, measured and
+  cached on first use) against a fresh measurement of CpuWorkers.run_layer wall time
+  (median of ``--repeats`` runs after a warm-up), per layer; target within 20 %.
+* Fabric: the model's cycles of every fabric layer's standalone launch against the
+  CYCLES counter of the same launch through the driver (sw/driver, ``model`` backend).
+  ``--backend rtl`` is the hook for the RTL backend (another issue): when the driver
+  lists it, the same launches run there and the same table compares RTL cycles (target
+  within 2 %).
+
+    PYTHONPATH=... python scripts/validate_metrics.py [MODEL ...] [--board B] [--workers N]
+        [--repeats R] [--backend model|rtl] [--out benchmarks/metrics_validation.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_MODELS = ("digits-cnn", "eeg-seizure", "squeezenet", "shufflenet")
+
+
+def _load(model):
+    import dnnfab
+    return dnnfab.InferenceSession(model).qg
+
+
+def _measure_cpu(qg, workers, repeats):
+    """{layer: median ms} of CpuWorkers.run_layer, fresh (not the profile)."""
+    from dnnfab.sw.cpu import reference as R
+    from dnnfab.sw.cpu.workers import CpuWorkers
+    rng = np.random.default_rng(1)
+    feed = {t.name: rng.integers(-128, 128, t.shape).astype(np.int8) for t in qg.inputs}
+    out = {}
+    with CpuWorkers(qg, threads=workers) as w:
+        env = R.Env(qg)
+        for t in qg.inputs:
+            env.put(t.name, feed[t.name], "lg")
+        w.run_layers(env, qg.layers)
+        for L in qg.layers:
+            w.run_layer(env, L)
+            ts = []
+            for _ in range(max(1, repeats)):
+                t0 = time.perf_counter()
+                w.run_layer(env, L)
+                ts.append(time.perf_counter() - t0)
+            out[L.name] = statistics.median(ts) * 1e3
+    return out
+
+
+def _driver_cycles(net, cfg, backend="model"):
+    """{layer: CYCLES of its launch} running every run of ``net`` through the driver."""
+    from dnnfab.sw import driver
+    if backend not in driver.BACKENDS:
+        raise SystemExit(f"the driver has no {backend!r} backend yet (known: "
+                         f"{', '.join(driver.BACKENDS)}); the RTL backend comes from its own issue")
+    dev = driver.open(backend, cfg, dram_bytes=max(1 << 24, net.dram_bytes + (1 << 20)))
+    mem = dev.allocate((net.dram_bytes,), np.uint8)
+    base = mem.device_address
+    mem[:len(net.image)] = np.frombuffer(net.image, np.uint8)
+    mem[:len(net.image)].sync_to_device()
+    rng = np.random.default_rng(2)
+    for t in net.tensors.values():                         # any activation data will do
+        lo = t.addr - base
+        mem[lo:lo + t.size] = rng.integers(0, 256, t.size, dtype=np.uint8)
+    mem.sync_to_device()
+    out = {}
+    for run in net.runs:
+        c = dev.run(driver.Program(base + run.prog_addr, run.n_insns, base + run.out_window[0],
+                                   base + run.out_window[1]), timeout_s=60)
+        assert len(run.layers) == 1, "chain=False: one layer per launch"
+        out[run.layers[0]] = int(c["cycles"])
+    dev.close() if hasattr(dev, "close") else None
+    return out
+
+
+def _stats(errs, limit):
+    a = [abs(e) for e in errs]
+    if not a:
+        return {}
+    return {"median_abs_err": statistics.median(a), "worst_abs_err": max(a),
+            "within": sum(x <= limit for x in a) / len(a), "limit": limit, "n": len(a)}
+
+
+def validate(models=DEFAULT_MODELS, board="ulx3s-85f", workers=1, repeats=5, backend="model",
+             profile_path=None):
+    from dnnfab.sw.cpu.profile import CpuProfile
+    from dnnfab.sw.metrics import MetricModel
+    report = {"board": board, "workers": workers, "repeats": repeats, "backend": backend,
+              "machine": platform.processor() or platform.machine(), "models": {}}
+    for name in models:
+        t0 = time.perf_counter()
+        qg = _load(name)
+        prof = CpuProfile(profile_path) if profile_path else CpuProfile()
+        mm = MetricModel(board, host="local", profile=prof, repeats=repeats)
+        nc = mm.network(qg, workers=workers, splits=())
+        report["machine"] = prof.machine
+        meas = _measure_cpu(qg, workers, repeats)
+        rows = []
+        for L in nc.layers:
+            m = L.options["cpu"].latency_s * 1e3
+            x = meas[L.name]
+            rows.append({"layer": L.name, "op": L.op, "model_ms": round(m, 4),
+                         "measured_ms": round(x, 4), "rel_err": round((m - x) / x, 4)})
+        total_m = sum(r["model_ms"] for r in rows)
+        total_x = sum(r["measured_ms"] for r in rows)
+        cpu = {"layers": rows, **_stats([r["rel_err"] for r in rows], 0.20),
+               "total_model_ms": round(total_m, 3), "total_measured_ms": round(total_x, 3),
+               "total_rel_err": round((total_m - total_x) / total_x, 4)}
+        # fabric: modelled cycles per launch vs the driver's CYCLES counter
+        net = mm.compiled(qg)
+        got = _driver_cycles(net, mm.cfg, backend)
+        frows = []
+        for L in nc.layers:
+            o = L.options.get("fabric")
+            if o is None:
+                continue
+            mc, dc = o.detail["cycles"], got[L.name]
+            frows.append({"layer": L.name, "model_cycles": mc, "driver_cycles": dc,
+                          "rel_err": round((mc - dc) / dc, 6) if dc else 0.0,
+                          "model_latency_ms": round(o.latency_s * 1e3, 4),
+                          "bound": o.detail["bound"]})
+        fab = {"layers": frows, **_stats([r["rel_err"] for r in frows],
+                                         0.02 if backend == "rtl" else 0.0)}
+        report["models"][name] = {"cpu": cpu, "fabric": fab,
+                                  "wall_s": round(time.perf_counter() - t0, 1)}
+    allc = [r["rel_err"] for m in report["models"].values() for r in m["cpu"]["layers"]]
+    report["cpu_summary"] = _stats(allc, 0.20)
+    allf = [r["rel_err"] for m in report["models"].values() for r in m["fabric"]["layers"]]
+    report["fabric_summary"] = _stats(allf, 0.02 if backend == "rtl" else 0.0)
+    return report
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("models", nargs="*", default=list(DEFAULT_MODELS))
+    ap.add_argument("--board", default="ulx3s-85f")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--backend", default="model")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "benchmarks" /
+                                         "metrics_validation.json"))
+    a = ap.parse_args(argv)
+    rep = validate(a.models, a.board, a.workers, a.repeats, a.backend)
+    Path(a.out).write_text(json.dumps(rep, indent=1) + "\n")
+    for n, m in rep["models"].items():
+        c, f = m["cpu"], m["fabric"]
+        print(f"{n}: cpu median |err| {c['median_abs_err']:.1%}, worst {c['worst_abs_err']:.1%}, "
+              f"{c['within']:.0%} within 20% ({c['n']} layers), total {c['total_rel_err']:+.1%}; "
+              f"fabric worst |err| {f.get('worst_abs_err', 0):.2%} ({f.get('n', 0)} launches)")
+    s = rep["cpu_summary"]
+    print(f"all: cpu median {s['median_abs_err']:.1%}, worst {s['worst_abs_err']:.1%}, "
+          f"{s['within']:.0%} of {s['n']} layers within 20% -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
