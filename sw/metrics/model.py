@@ -166,6 +166,25 @@ class MetricModel:
             jb += dram_j
         return bps, self.const("transfer", "fixed_s"), jb
 
+    def _touch_all(self):
+        """Read every constant the options use, so :meth:`sources` (and
+        ``ResourceModel.sources``) list them before any layer is costed."""
+        self.fabric_ff()
+        self.launch_s()
+        for k in ("ff_toggle_pj", "toggle_rate", "dram_pj_per_byte", "dram_efficiency",
+                  "host_active_w_per_core"):
+            self.const("power", k)
+        self._record("dram.peak_mb_s", self.board.dram["peak_mb_s"], self.board.dram.get("source", ""))
+        self._record("clock.mhz", self.clock_mhz, "clock_mhz argument" if self.clock_mhz !=
+                     float(self.board.clock_mhz) else self.board.clock_basis)
+        if self.host == "local":
+            for k in ("cpu_active_w_per_core", "layer_overhead_s", "eltwise_bytes_per_s"):
+                self.const("local_host", k)
+        else:
+            for k in ("clock_mhz", "cores", "cycles_per_mac", "depthwise_cycles_per_mac",
+                      "layer_overhead_cycles", "eltwise_bytes_per_cycle"):
+                self.const("cpu_model", k)
+
     def max_workers(self):
         if self.host == "local":
             import os
@@ -182,7 +201,7 @@ class MetricModel:
         bps, fixed, jb = self._transfer()
         idle = {"board": self.const("power", "board_idle_w"),
                 "fabric": self.const("power", "fpga_static_w"), "cpu": cpu_idle}
-        self.fabric_ff()
+        self._touch_all()
         return ResourceModel(board=self.board.id, clock_mhz=self.clock_mhz, workers=int(workers),
                              host=self.host, idle_w=idle, transfer_bytes_per_s=bps,
                              transfer_fixed_s=fixed, transfer_j_per_byte=jb,
