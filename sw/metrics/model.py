@@ -97,6 +97,7 @@ class MetricModel:
         self._profile = profile
         self._used = {}
         self._ff = None
+        self._nets = {}
 
     # ------------------------------------------------------------------ constants
     def const(self, section, key):
@@ -226,7 +227,7 @@ class MetricModel:
         e_launch = 0.0 if self.host == "local" else \
             self.const("power", "host_active_w_per_core") * t_launch
         det = {"cycles": cyc, "dram_bytes": nbytes, "compute_s": t_compute, "dram_s": t_dram,
-               "launch_s": t_launch, "bound": "dram" if t_dram > t_compute else "compute",
+               "launch_s": t_launch, "host_cpu_s": t_launch, "bound": "dram" if t_dram > t_compute else "compute",
                "clock_mhz": self.clock_mhz, "ff": ff, "energy_ff_j": e_ff, "energy_dram_j": e_dram,
                "energy_launch_j": e_launch, "macs": int(info.macs), "hw_macs": int(info.hw_macs)}
         return Option(key, fabric_s=busy, latency_s=busy, energy_j=e_ff + e_dram + e_launch,
@@ -312,10 +313,17 @@ class MetricModel:
 
     # ------------------------------------------------------------------ network
     def compiled(self, qg, splits=None):
-        """The network compiled with every fabric layer standalone (chain=False)."""
+        """The network compiled with every fabric layer standalone (chain=False); kept in
+        memory per graph object and split plan (and on disk by compile_network)."""
+        key = (id(qg), tuple(sorted((splits or {}).items())))
+        hit = self._nets.get(key)
+        if hit is not None and hit[0] is qg:
+            return hit[1]
         g = apply_splits(qg, splits) if splits else qg
-        return compile_network(g, self.cfg, chain=False, cache_dir=self.cache_dir or None,
-                               use_cache=self.cache_dir is not False)
+        net = compile_network(g, self.cfg, chain=False, cache_dir=self.cache_dir or None,
+                              use_cache=self.cache_dir is not False)
+        self._nets[key] = (qg, net)             # holds qg, so its id is not reused
+        return net
 
     def network(self, qg, workers=1, name=None, splits=DEFAULT_SPLITS) -> NetworkCost:
         """Per-layer options of ``qg`` (its layers in order) at ``workers`` CPU threads;
