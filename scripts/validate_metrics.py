@@ -83,6 +83,52 @@ def _driver_cycles(net, cfg, backend="model"):
     return out
 
 
+#: Published whole-network CPU times to check a board's CPU model against (the model's
+#: constants were fixed before these were looked at; nothing is fitted to them).
+PUBLISHED_CPU = {
+    "ulx3s-85f": {
+        "network": "TFLite Micro person_detection (MobileNet v1 alpha 0.25, 96x96x1, int8), one core",
+        "measured_ms": 380.0,
+        "source": "espressif/esp-tflite-micro README, 'Performance Comparison': ESP32, Person "
+                  "Detection, with ESP-NN, 380 ms invoke() at 240 MHz (internal memory)",
+    },
+}
+
+
+def mobilenet_v1_layers(alpha=0.25, size=96, channels_in=1, classes=2):
+    """[(kind, macs, bytes)] of MobileNet v1 as TFLite Micro's person_detection builds it:
+    conv 3x3/2, 13 depthwise-separable blocks, average pool, FC, softmax."""
+    def ch(c):
+        return max(8, int(c * alpha))
+    h = -(-size // 2)
+    c = ch(32)
+    out = [("conv", h * h * c * channels_in * 9, 0)]
+    for co, s in [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + \
+            [(1024, 2), (1024, 1)]:
+        h = -(-h // s)
+        out.append(("dw", h * h * c * 9, 0))
+        out.append(("pw", h * h * c * ch(co), 0))
+        c = ch(co)
+    out.append(("avgpool", 0, h * h * c + c))
+    out.append(("fc", c * classes, 0))
+    out.append(("softmax", 0, 2 * classes))
+    return out
+
+
+def board_cpu_check(board):
+    """The board CPU model's time for a published network vs the published figure."""
+    from dnnfab.sw.metrics import MetricModel
+    pub = PUBLISHED_CPU.get(board)
+    if pub is None:
+        return {"board": board, "note": "no published whole-network CPU time found for this "
+                                        "board's CPU (see docs/metrics.md)"}
+    mm = MetricModel(board)
+    t = sum(mm.cpu_board_s(m, b, k == "dw", workers=1)[0] for k, m, b in mobilenet_v1_layers())
+    macs = sum(m for _, m, _ in mobilenet_v1_layers())
+    return {"board": board, **pub, "macs": macs, "model_ms": round(t * 1e3, 1),
+            "rel_err": round((t * 1e3 - pub["measured_ms"]) / pub["measured_ms"], 4)}
+
+
 def _stats(errs, limit):
     a = [abs(e) for e in errs]
     if not a:
@@ -150,6 +196,7 @@ def validate(models=DEFAULT_MODELS, board="ulx3s-85f", workers=1, repeats=5, bac
     rep = [r["repeat_rel_err"] for m in report["models"].values() for r in m["cpu"]["layers"]]
     report["cpu_repeatability"] = _stats(rep, 0.20)
     report["load_avg_at_end"] = list(os.getloadavg())
+    report["board_cpu_check"] = [board_cpu_check(b) for b in ("ulx3s-85f", "pynq-z2")]
     allf = [r["rel_err"] for m in report["models"].values() for r in m["fabric"]["layers"]]
     report["fabric_summary"] = _stats(allf, 0.02 if backend == "rtl" else 0.0)
     return report
@@ -182,6 +229,10 @@ def main(argv=None):
               f"{c['time_weighted_abs_err']:.1%}, total {c['total_rel_err']:+.1%}; repeat median "
               f"{c['repeatability']['median_abs_err']:.1%}; "
               f"fabric worst |err| {f.get('worst_abs_err', 0):.2%} ({f.get('n', 0)} launches)")
+    for b in rep["board_cpu_check"]:
+        if "model_ms" in b:
+            print(f"{b['board']} CPU model: {b['network']}: {b['model_ms']} ms vs published "
+                  f"{b['measured_ms']} ms ({b['rel_err']:+.1%})")
     s = rep["cpu_summary"]
     print(f"all: cpu median {s['median_abs_err']:.1%}, worst {s['worst_abs_err']:.1%}, "
           f"{s['within']:.0%} of {s['n']} layers within 20%; layers >= {BIG_MS} ms: "

@@ -234,25 +234,32 @@ class MetricModel:
                       fabric_channels=channels, detail=det)
 
     # ------------------------------------------------------------------ cpu
-    def _cpu_board(self, qg, L, workers, macs=None):
-        """(seconds, detail) of layer L on the board's CPU model."""
+    def cpu_board_s(self, macs=0, nbytes=0, depthwise=False, workers=1):
+        """(seconds, cores, detail) of one layer on the board's CPU model: ``macs`` > 0 a
+        conv / GEMM (``depthwise`` for a depthwise conv), else ``nbytes`` of elementwise
+        work (inputs + output); see docs/metrics.md."""
         clk = self.const("cpu_model", "clock_mhz") * 1e6
         cores = min(int(workers), int(self.const("cpu_model", "cores")))
         ovh = self.const("cpu_model", "layer_overhead_cycles") / clk
-        macs = layer_macs(qg, L) if macs is None else macs
         if macs:
-            cpm = self.const("cpu_model", "depthwise_cycles_per_mac" if _is_depthwise(qg, L)
+            cpm = self.const("cpu_model", "depthwise_cycles_per_mac" if depthwise
                              else "cycles_per_mac")
             t = ovh + macs * cpm / (clk * cores)
-            det = {"model": "macs", "macs": macs, "cycles_per_mac": cpm, "cores": cores,
+            det = {"model": "macs", "macs": int(macs), "cycles_per_mac": cpm, "cores": cores,
                    "overhead_s": ovh}
         else:
-            nb = sum(_nbytes(qg.shape(t)) for t in L.inputs) + _nbytes(qg.shape(L.output))
             bpc = self.const("cpu_model", "eltwise_bytes_per_cycle")
-            t = ovh + nb / (bpc * clk * cores)
-            det = {"model": "bytes", "bytes": nb, "bytes_per_cycle": bpc, "cores": cores,
-                   "overhead_s": ovh}
+            t = ovh + nbytes / (bpc * clk * cores)
+            det = {"model": "bytes", "bytes": int(nbytes), "bytes_per_cycle": bpc,
+                   "cores": cores, "overhead_s": ovh}
         return t, cores, det
+
+    def _cpu_board(self, qg, L, workers, macs=None):
+        """(seconds, cores, detail) of layer L on the board's CPU model."""
+        macs = layer_macs(qg, L) if macs is None else macs
+        nb = 0 if macs else \
+            sum(_nbytes(qg.shape(t)) for t in L.inputs) + _nbytes(qg.shape(L.output))
+        return self.cpu_board_s(macs, nb, _is_depthwise(qg, L), workers)
 
     def profile(self):
         """The CpuProfile the local host reads (created on first use)."""

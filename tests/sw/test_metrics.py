@@ -154,3 +154,5 @@ def test_validation_small_form(tmp_path):
     for r in m["fabric"]["layers"]:
         assert r["driver_cycles"] == r["model_cycles"]       # same fast model, per launch
     assert m["cpu"]["median_abs_err"] >= 0
+    chk = mod.board_cpu_check("ulx3s-85f")          # the ESP32 model vs a published time
+    assert chk["model_ms"] > 0 and chk["measured_ms"] == 380.0 and chk["source"]
