@@ -169,6 +169,9 @@ def validate(models=DEFAULT_MODELS, board="ulx3s-85f", workers=1, repeats=5, bac
                                               / total_x, 4),
                "layers_over_0.1ms": _stats([r["rel_err"] for r in big], 0.20),
                "repeatability": _stats([r["repeat_rel_err"] for r in rows], 0.20),
+               # the per-layer shape with the network-wide drift (load) divided out
+               "drift_removed": _stats([(r["model_ms"] * total_x / total_m - r["measured_ms"])
+                                        / r["measured_ms"] for r in rows], 0.20),
                "total_model_ms": round(total_m, 3), "total_measured_ms": round(total_x, 3),
                "total_rel_err": round((total_m - total_x) / total_x, 4)}
         # fabric: modelled cycles per launch vs the driver's CYCLES counter
