@@ -109,6 +109,11 @@ class Board:
     host: dict = field(default_factory=dict)
     power: dict = field(default_factory=dict)
     path: Path | None = None
+    sections: dict = field(default_factory=dict)   # every table of the file, as read
+
+    def section(self, name):
+        """A table of the board file by name (``{}`` if absent), e.g. ``cpu_model``."""
+        return dict(self.sections.get(name, {}))
 
     @property
     def family(self):
@@ -154,7 +159,7 @@ def _load(path: Path) -> Board:
             oscillator_mhz=clk.get("oscillator_mhz"), clock_basis=clk.get("basis", ""),
             resources_source=src,
             dram=d.get("dram", {}), host=d.get("host", {}), power=d.get("power", {}),
-            path=path)
+            path=path, sections={k: v for k, v in d.items() if isinstance(v, dict)})
     except KeyError as exc:  # a broken board file is a bug in dnnfab, but say where
         raise ConfigError(f"board file {path.name} lacks key {exc.args[0]!r}; fix the file") from None
     if fpga.family not in FAMILIES:
