@@ -88,36 +88,64 @@ def priority(tasks):
 
 
 def _coeffs(tasks, costs):
-    """{(n, m): (frames, layers)}: the response bound of network n adds ``frames`` x the
-    busy time of a frame of m plus ``layers`` x m's longest layer.
+    """{(n, m): (frames, lower)}: the response bound of network n adds ``frames`` x the
+    busy time of a frame of m, plus, when ``lower``, the blocking by m's layers.
 
     Each resource serves the ready layer of the highest-priority network first
     (deadline-monotonic, :func:`priority`), frames of one network by release; layers are
     not preempted. So for a frame of n: a higher-priority m gets in its way with every
-    frame released while n's is pending, ceil(D_n / P_m) + 1 of them; a lower-priority m
-    only with the one layer a resource is running when n's layer becomes ready, at most
-    once per layer of n; n's own earlier frames, ceil(D_n / P_n) - 1 of them, count whole
-    (the classic non-preemptive fixed-priority response bound, with D_n for the response
-    time: a sufficient test)."""
+    frame released while n's is pending, ceil(D_n / P_m) + 1 of them; n's own earlier
+    frames, ceil(D_n / P_n) - 1 of them, count whole; a lower-priority m only blocks it
+    with the one layer a resource is running when one of n's layers becomes ready there
+    while the resource is not already n's -- an *entry*: a layer of n on r with no
+    producer, or a producer whose output is on the other side. Per resource r that is at
+    most min(K_n x lambda_{m,r}, Lambda_{m,r} x E_{n,r}) (:func:`_blocking`): K_n n's
+    layer count, E_{n,r} its entries on r, lambda_{m,r} m's longest layer on r in the
+    plan, Lambda_{m,r} m's longest possible one. This is the classic non-preemptive
+    fixed-priority response test with D_n for the response time: sufficient."""
     rank = priority(tasks)
-    n_layers = {t.name: len(nc.layers) for t, nc in zip(tasks, costs)}
     out = {}
     for t in tasks:
         for m in tasks:
             if m.name == t.name:
-                out[(t.name, m.name)] = (max(0, math.ceil(t.deadline_s / t.period_s - 1e-12) - 1), 0)
+                out[(t.name, m.name)] = (max(0, math.ceil(t.deadline_s / t.period_s - 1e-12) - 1), False)
             elif rank[m.name] < rank[t.name]:
-                out[(t.name, m.name)] = (math.ceil(t.deadline_s / m.period_s - 1e-12) + 1, 0)
+                out[(t.name, m.name)] = (math.ceil(t.deadline_s / m.period_s - 1e-12) + 1, False)
             else:
-                out[(t.name, m.name)] = (0, n_layers[t.name])
+                out[(t.name, m.name)] = (0, True)
     return out
 
 
-def _interference(tasks, coeffs, busy, lam):
-    """{network: seconds other frames may hold the resources}."""
-    return {t.name: sum(coeffs[(t.name, m.name)][0] * sum(busy[m.name].values())
-                        + coeffs[(t.name, m.name)][1] * lam[m.name] for m in tasks)
-            for t in tasks}
+def _busy(o, r):
+    return o.fabric_s if r == "fabric" else o.cpu_s
+
+
+def _max_busy(nc):
+    """Lambda: {resource: the longest time any option of any layer holds it}."""
+    return {r: max((_busy(o, r) for L in nc.layers for o in L.options.values()), default=0.0)
+            for r in ("fabric", "cpu")}
+
+
+def _blocking(k_n, entries, lam, cap):
+    """sum over resources of min(K_n lambda_r, Lambda_r E_r)."""
+    return sum(min(k_n * lam[r], cap[r] * entries[r]) for r in ("fabric", "cpu"))
+
+
+def _interference(tasks, costs, coeffs, per):
+    """{network: seconds other frames may hold the resources} for evaluated networks."""
+    caps = {t.name: _max_busy(nc) for t, nc in zip(tasks, costs)}
+    size = {t.name: len(nc.layers) for t, nc in zip(tasks, costs)}
+    out = {}
+    for t in tasks:
+        tot = 0.0
+        for m in tasks:
+            k, lower = coeffs[(t.name, m.name)]
+            tot += k * sum(per[m.name]["busy_s"].values())
+            if lower:
+                tot += _blocking(size[t.name], per[t.name]["entries"], per[m.name]["longest"],
+                                 caps[m.name])
+        out[t.name] = tot
+    return out
 
 
 def evaluate(tasks, costs, rm: ResourceModel, assign, power_cap_w=None):
@@ -130,7 +158,9 @@ def evaluate(tasks, costs, rm: ResourceModel, assign, power_cap_w=None):
         avail = {"fabric": 0.0, "cpu": 0.0}
         fin, side, times = {}, {}, {}
         energy, busy, lat = 0.0, {"fabric": 0.0, "cpu": 0.0}, 0.0
-        moved, longest = set(), 0.0
+        moved = set()
+        longest = {"fabric": 0.0, "cpu": 0.0}
+        entries = {"fabric": 0, "cpu": 0}
         for L in nc.layers:
             o = L.options[a[L.name]]
             start = 0.0
@@ -151,7 +181,10 @@ def evaluate(tasks, costs, rm: ResourceModel, assign, power_cap_w=None):
             for r in o.uses:
                 start = max(start, avail[r])
             end = start + o.latency_s
-            longest = max(longest, o.fabric_s, o.cpu_s)
+            for r in o.uses:
+                longest[r] = max(longest[r], _busy(o, r))
+                if not L.inputs or any(side[p] != r for p in L.inputs):
+                    entries[r] += 1
             for r in o.uses:
                 b = o.fabric_s if r == "fabric" else o.cpu_s
                 avail[r] = start + b
@@ -165,9 +198,8 @@ def evaluate(tasks, costs, rm: ResourceModel, assign, power_cap_w=None):
                 energy += rm.transfer_j(L.out_bytes)
             lat = max(lat, done)             # the frame is done when every layer is
         per[t.name] = {"latency_s": lat, "busy_s": busy, "energy_j": energy, "times": times,
-                       "longest_s": longest}
-    inter = _interference(tasks, _coeffs(tasks, costs), {n: v["busy_s"] for n, v in per.items()},
-                          {n: v["longest_s"] for n, v in per.items()})
+                       "longest": longest, "entries": entries}
+    inter = _interference(tasks, costs, _coeffs(tasks, costs), per)
     util = {r: sum(per[t.name]["busy_s"][r] / t.period_s for t in tasks) for r in ("fabric", "cpu")}
     power = rm.idle_w_total + sum(per[t.name]["energy_j"] / t.period_s for t in tasks)
     ok = all(util[r] <= 1 + 1e-9 for r in util)
@@ -242,7 +274,7 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
     norm = norm or {}
     V, R = _Vars(), _Rows()
     X = {}                        # (net, layer) -> {key: var}
-    lat_var, busy_terms, energy_terms, lam_var = {}, {}, {}, {}
+    lat_var, busy_terms, energy_terms, lam_var, entry_var = {}, {}, {}, {}, {}
     coeffs = _coeffs(tasks, costs)
     for t, nc in zip(tasks, costs):
         H = _horizon(nc, rm)
@@ -252,7 +284,11 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
         b_terms = {"fabric": [], "cpu": []}
         Lv = V.add(0.0, np.inf)
         lat_var[t.name] = Lv
-        lam = lam_var[t.name] = V.add(0.0, np.inf)
+        lower_of = any(coeffs[(u.name, t.name)][1] for u in tasks)    # t blocks someone
+        higher = any(coeffs[(t.name, u.name)][1] for u in tasks)      # someone blocks t
+        lam = lam_var[t.name] = {r: V.add(0.0, np.inf) for r in ("fabric", "cpu")}
+        ent = entry_var[t.name] = {r: [] for r in ("fabric", "cpu")}
+        outs = {}                                     # layer -> {r: [(var, 1)] output on r}
         need_c, need_f = {}, {}                       # producer -> [(consumer side var terms)]
         for L in nc.layers:
             xs = {k: V.add(0, 1, True) for k in L.options}
@@ -263,8 +299,20 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
             R.add([(f, 1), (s, -1)] + [(xs[k], -o.latency_s) for k, o in L.options.items()], 0, 0)
             fab_side = [(xs[k], 1) for k, o in L.options.items() if "fabric" in o.in_sides]
             cpu_side = [(xs[k], 1) for k, o in L.options.items() if "cpu" in o.in_sides]
-            if any(coeffs[(u.name, t.name)][1] for u in tasks):
-                R.add([(lam, 1)] + [(xs[k], -max(o.fabric_s, o.cpu_s)) for k, o in L.options.items()], 0)
+            outs[L.name] = {r: [(xs[k], 1) for k, o in L.options.items() if o.out_side == r]
+                            for r in ("fabric", "cpu")}
+            for r in ("fabric", "cpu"):
+                use = [(xs[k], 1) for k, o in L.options.items() if r in o.uses]
+                if lower_of and use:                  # lambda_r >= this layer's time on r
+                    R.add([(lam[r], 1)] + [(xs[k], -_busy(o, r)) for k, o in L.options.items()
+                                            if r in o.uses], 0)
+                if higher and use:                    # entry_r >= u_r - out_{p,r}
+                    e = V.add(0, 1)
+                    ent[r].append(e)
+                    if not L.inputs:
+                        R.add([(e, 1)] + [(v, -1) for v, _ in use], 0)
+                    for p in L.inputs:
+                        R.add([(e, 1)] + [(v, -1) for v, _ in use] + outs[p][r], 0)
             for k, o in L.options.items():
                 e_terms.append((xs[k], o.energy_j))
                 b_terms["fabric"].append((xs[k], o.fabric_s))
@@ -321,15 +369,25 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
         energy_terms[t.name] = e_terms
         busy_terms[t.name] = b_terms
     # deadlines with interference, utilisation, power cap
+    caps = {t.name: _max_busy(nc) for t, nc in zip(tasks, costs)}
+    size = {t.name: len(nc.layers) for t, nc in zip(tasks, costs)}
     for t in tasks:
         terms = [(lat_var[t.name], 1)]
         for m in tasks:
-            k, kl = coeffs[(t.name, m.name)]
+            k, lower = coeffs[(t.name, m.name)]
             if k:
                 for r in ("fabric", "cpu"):
                     terms += [(v, k * b) for v, b in busy_terms[m.name][r]]
-            if kl:
-                terms.append((lam_var[m.name], kl))
+            if lower:
+                # w_r >= min(K lambda_r, Lambda_r E_r): one binary picks the smaller bound
+                for r in ("fabric", "cpu"):
+                    cap, K = caps[m.name][r], size[t.name]
+                    if cap <= 0:
+                        continue
+                    w, z, M = V.add(0.0, np.inf), V.add(0, 1, True), K * cap
+                    R.add([(w, 1), (lam_var[m.name][r], -K), (z, M)], 0)
+                    R.add([(w, 1), (z, -M)] + [(e, -cap) for e in entry_var[t.name][r]], -M)
+                    terms.append((w, 1))
         R.add(terms, -np.inf, t.deadline_s)
     for r in ("fabric", "cpu"):
         R.add([(v, b / t.period_s) for t in tasks for v, b in busy_terms[t.name][r]], -np.inf, 1.0)
