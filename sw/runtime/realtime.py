@@ -380,10 +380,13 @@ class Runtime:
                 self._compile(n, cache_dir)
                 be = backend.get(n.name, "model") if isinstance(backend, dict) else backend
                 self._open(n, be)
-                if mode == "modelled":
+                if mode == "modelled" or durations:
+                    # real mode with durations: each launch is held to its modelled time
+                    # (the metric model's: cycles at the clock, the DRAM bound, the launch
+                    # overhead), not only to cycles / clock
                     self._durations(n, (durations or {}).get(n.name))
-                    if resources is not None:
-                        n.xfer = resources.transfer_s
+                if resources is not None:
+                    n.xfer = resources.transfer_s
                 self.nets.append(n)
             if warmup:
                 for n in self.nets:
@@ -401,11 +404,11 @@ class Runtime:
         plan = result.plan
         if mode is None:
             mode = "real" if plan.host == "local" else "modelled"
-        if mode == "modelled":
-            costs = result.costs if isinstance(result.costs, dict) else \
-                {c.name: c for c in result.costs}
-            kw.setdefault("durations", durations_from_costs(plan, costs))
-            kw.setdefault("resources", getattr(result, "rm", None))
+        costs = result.costs if isinstance(result.costs, dict) else \
+            {c.name: c for c in result.costs}
+        kw.setdefault("durations", durations_from_costs(plan, costs))
+        # tensor moves between host and fabric take their modelled time in both modes
+        kw.setdefault("resources", getattr(result, "rm", None))
         return cls(plan, graphs, cfg, mode=mode, **kw)
 
     # -- setting up ---------------------------------------------------------------------
@@ -703,6 +706,9 @@ class Runtime:
     def _run_real(self, releases, feeds, bar):
         cv = threading.Condition()
         heaps = {r: [] for r in RESOURCES}
+        # layers waiting for a modelled tensor move (ready time, seq, frame, layer); the
+        # releasing thread moves them to their queue when the time has come
+        delayed = []
         state = {"stop": False, "error": None, "done": 0, "misses": 0, "degraded": 0}
         now = time.monotonic
         t0 = None
@@ -733,6 +739,8 @@ class Runtime:
                     if res == "fabric":
                         cycles, exc = self._fabric(n, frame, lname)
                         modelled = cycles / clk
+                        if n.dur:
+                            modelled = max(modelled, n.dur[lname][0])
                         exceeded = False
                         if exc is None:
                             left = t0 + a + modelled - now()
@@ -747,7 +755,7 @@ class Runtime:
                                 self._hold_exceeded += exceeded
                                 self._record(frame, lname, res, a, b, cycles=cycles,
                                              modelled_s=modelled, exceeded=exceeded)
-                                if self._done(frame, lname, b, heaps):
+                                if self._done(frame, lname, b, heaps, delayed):
                                     finish(frame)
                             else:
                                 msg = self._fault(frame, lname, exc, heaps)
@@ -759,7 +767,7 @@ class Runtime:
                         with cv:
                             self._record(frame, lname, res, a, b, degraded=err is not None,
                                          error=err or "")
-                            if self._done(frame, lname, b, heaps):
+                            if self._done(frame, lname, b, heaps, delayed):
                                 finish(frame)
                             cv.notify_all()
             except BaseException as exc:  # noqa: BLE001 - handed to run()'s caller
@@ -778,19 +786,33 @@ class Runtime:
             nxt = self._make_frame(self.nets[pending[0][1]], pending[0][2], pending[0][0], feeds) \
                 if pending else None
             t0 = now() + 0.02              # the threads are up before the first release
+
+            def moves():                   # under cv: queue the layers whose move is done
+                t = now() - t0
+                woke = False
+                while delayed and delayed[0][0] <= t:
+                    _, _, f, c = heapq.heappop(delayed)
+                    self._push_ready(f, [c], heaps)
+                    woke = True
+                if woke:
+                    cv.notify_all()
+                return (delayed[0][0] - t) if delayed else 0.1
+
             for i, (rel, _, _) in enumerate(pending):
                 frame = nxt
                 with cv:
                     while not state["stop"]:
+                        nxt_move = moves()
                         left = t0 + rel - now()
                         if left <= 0:
                             break
-                        cv.wait(min(left, 0.1))
+                        cv.wait(max(1e-4, min(left, nxt_move, 0.1)))
                         bar.to(state["done"], state["misses"], state["degraded"])
                     if state["stop"]:
                         break
                     self._frames.append(frame)
-                    self._start_frame(frame, heaps)
+                    self._start_frame(frame, heaps, delayed)
+                    moves()
                     cv.notify_all()
                 bar.to(state["done"], state["misses"], state["degraded"])
                 if i + 1 < len(pending):           # prepare the next frame before its release
@@ -798,7 +820,7 @@ class Runtime:
                     nxt = self._make_frame(self.nets[ni], k, r2, feeds)
             with cv:
                 while not state["stop"] and state["done"] < len(pending):
-                    cv.wait(0.1)
+                    cv.wait(max(1e-4, min(moves(), 0.1)))
                     bar.to(state["done"], state["misses"], state["degraded"])
         except BaseException as exc:
             with cv:
