@@ -60,11 +60,11 @@ def _row(res, frames, graphs):
         row["resources"][n.name] = cnt
     row["frames"], row["deadline_misses"] = 0, None
     if frames and s["feasible"]:
-        from dnnfab.sw.runtime.realtime import replay
-        rep = replay(res, graphs, frames=frames)
-        row["frames"] = rep["frames"]
-        row["deadline_misses"] = rep["deadline_misses"]
-        row["replay_latency_ms"] = rep["latency_ms"]
+        from dnnfab.sw.runtime.realtime import replay_plan
+        rep = replay_plan(res.plan, res.costs, res.rm, frames=frames)
+        row["frames"] = len(rep.frames)
+        row["deadline_misses"] = rep.deadline_misses
+        row["replay_latency_ms"] = rep.latency_ms
     return row
 
 
@@ -76,8 +76,9 @@ def main(argv=None):
                     help="image model of the two-network scenario (with eeg-seizure)")
     ap.add_argument("--pair-fps", type=float, default=None,
                     help="its frame rate (default: the rate its 1.5x all-fabric deadline allows)")
-    ap.add_argument("--eeg-fps", type=float, default=None,
-                    help="eeg-seizure windows per second (default: 4x the image model's rate)")
+    ap.add_argument("--eeg-fps", type=float, default=2.0,
+                    help="eeg-seizure windows per second (default 2: its 1 s windows of 256 Hz "
+                         "EEG with 50%% overlap), each due within its period")
     ap.add_argument("--solve-model", default="densenet121")
     ap.add_argument("--frames", type=int, default=0, help="frames replayed per plan (modelled)")
     ap.add_argument("--json", default=None)
@@ -115,7 +116,7 @@ def main(argv=None):
             solo = plan_networks([(args.pair, qa, None, None)], board=board, workers=None)
             d_ms = solo.summary()["deadline_ms"]
             fps = args.pair_fps or 1e3 / d_ms
-            eeg_fps = args.eeg_fps or 4 * fps
+            eeg_fps = args.eeg_fps
             res = plan_networks([(args.pair, qa, fps, None), ("eeg-seizure", qe, eeg_fps, None)],
                                 board=board)
             s = res.summary()

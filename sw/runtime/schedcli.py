@@ -72,10 +72,22 @@ def plan_from_args(args, cfg, progress=None):
         raise ConfigError(f"--workers must be at least 1 (got {args.workers})")
     if args.power_cap_w is not None and args.power_cap_w <= 0:
         raise ConfigError(f"--power-cap-w must be positive (got {args.power_cap_w:g})")
+    from ..metrics.model import MetricModel
+    from ..sched.milp import parse_objective
+    parse_objective(args.objective)
     specs = [(args.model, args.fps, args.deadline_ms)]
     for i, m in enumerate(args.also):
         specs.append((m, args.also_fps[i],
                       args.also_deadline_ms[i] if args.also_deadline_ms else None))
+    names = [_name(m) for m, _, _ in specs]
+    for (m, fps, d), name in zip(specs, names):
+        if fps is not None and fps <= 0:
+            raise ConfigError(f"{name}: --fps must be positive (got {fps:g})")
+        if d is not None and d <= 0:
+            raise ConfigError(f"{name}: --deadline-ms must be positive (got {d:g})")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two networks are called {names[0]!r}; schedule each model once")
+    mm = MetricModel(board=args.board or DEFAULT_BOARD, cfg=cfg, host=args.host)
     nets, graphs, notes = [], {}, []
     for model, fps, d in specs:
         if progress:
@@ -88,7 +100,7 @@ def plan_from_args(args, cfg, progress=None):
     if progress:
         progress("metric model and MILP")
     res = plan_networks(nets, board=args.board or DEFAULT_BOARD, cfg=cfg, host=args.host,
-                        objective=args.objective, power_cap_w=args.power_cap_w,
+                        metric_model=mm, objective=args.objective, power_cap_w=args.power_cap_w,
                         workers=args.workers, splits=() if args.no_split else (0.25, 0.5, 0.75))
     res.notes = notes + list(res.notes or [])
     return res, graphs
