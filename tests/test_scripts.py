@@ -66,3 +66,25 @@ def test_bench_session_small(tmp_path):
         assert m["runs"] <= m["runs_unchained"] and m["plan_launches"] == m["launches"]
     c = out["compile"]
     assert c["compile_cold_s"] > 0 and c["first_run_cached_s"] > 0
+
+
+def test_bench_sched_small(tmp_path):
+    """The scheduler benchmark: solve time on a DenseNet-sized case is replaced by
+    shufflenet (124 layers) here, the savings table and the two-network case run on both
+    board profiles; every feasible plan's modelled replay misses nothing."""
+    out_file = tmp_path / "s.json"
+    _run("scripts/bench_sched.py", "--models", "digits-cnn", "eeg-seizure", "--pair", "digits-cnn",
+         "--solve-model", "shufflenet", "--frames", "5", "--json", str(out_file),
+         "--plot", str(tmp_path / "s.png"), timeout=1500)
+    out = json.loads(out_file.read_text())
+    assert {s["board"] for s in out["solve"]} == {"ulx3s-85f", "pynq-z2"}
+    for s in out["solve"]:
+        assert s["solver"]["status"] in ("optimal", "infeasible")
+    cases = {(r["case"], r["board"]) for r in out["savings"]}
+    assert ("digits-cnn", "pynq-z2") in cases and ("eeg-seizure", "ulx3s-85f") in cases
+    for r in out["savings"]:
+        if r["feasible"]:
+            assert r["deadline_misses"] == 0 and r["frames"] > 0
+            assert r["energy_saving_vs_best_single"] is None or r["energy_saving_vs_best_single"] >= -1e-9
+    assert len(out["tight"]) == 4
+    assert (tmp_path / "s.png").stat().st_size > 10_000

@@ -46,6 +46,8 @@ import math
 import time
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
 
 from ...errors import ConfigError
 from ..metrics.costs import NetworkCost, ResourceModel
@@ -267,9 +269,6 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
     """Solve one instance (one worker count). ``tasks`` [Task], ``costs`` [NetworkCost]
     (same order). Returns (assignment, info) with info {status, optimal, solve_s,
     objective, message}; the assignment is None when no plan exists."""
-    from scipy.optimize import LinearConstraint, milp
-    from scipy.sparse import coo_matrix
-
     weights = parse_objective(objective)
     norm = norm or {}
     V, R = _Vars(), _Rows()
@@ -408,7 +407,6 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
             else:
                 c[lat_var[t.name]] += scale / t.deadline_s
     A = coo_matrix((R.v, (R.r, R.cidx)), shape=(len(R.lo), len(V.lb))).tocsr()
-    from scipy.optimize import Bounds
     t0 = time.perf_counter()
     res = milp(c, constraints=LinearConstraint(A, R.lo, R.hi), integrality=np.array(V.integ),
                bounds=Bounds(V.lb, V.ub),
