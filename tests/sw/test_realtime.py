@@ -471,3 +471,24 @@ def test_from_schedule_picks_the_mode_by_host(qgs, samples):
     with Runtime.from_schedule(res, {name: qgs[name]}, CFG, cache_dir=False,
                                warmup=False) as rt:
         assert rt.mode == "real"
+
+
+def test_scheduled_two_network_plan_1000_frames_modelled(qgs):
+    """A plan from the scheduler (digits-cnn at 50 fps, eeg-seizure windows at their own 2
+    per second, PYNQ-Z2 profile, the board's CPU): 1,000 frames on the modelled timeline
+    (every output computed and checked), no deadline missed where the plan says feasible,
+    the replayed latency never above the plan's response bound, no thread left behind."""
+    from dnnfab.sw.sched.api import plan_networks
+    before = threads_now()
+    res = plan_networks([("digits-cnn", qgs["digits-cnn"], 50.0, None),
+                         ("eeg-seizure", qgs["eeg-seizure"], 2.0, None)], board="pynq-z2")
+    assert res.plan.feasible, res.plan.why
+    with Runtime.from_schedule(res, qgs) as rt:
+        assert rt.mode == "modelled"
+        rep = rt.run(frames={"digits-cnn": 980, "eeg-seizure": 20}, progress=False)
+    assert threads_now() <= before
+    assert len(rep.frames) == 1000 and rep.bit_exact is True
+    assert rep.deadline_misses == 0
+    for n in res.plan.networks:
+        worst = rep.latency_ms[n.name]["max"]
+        assert worst <= n.bound_s * 1e3 * (1 + 1e-9), (n.name, worst, n.bound_s)
