@@ -255,6 +255,7 @@ def trace(fm, prog):
             ob = np.asarray([o for o, _ in g["out"]], np.int64)
             os_ = np.asarray([s for _, s in g["out"]], np.int64)
             g["out_rows"] = ob[None, :] + np.arange(g["P"])[:, None] * os_[None, :]   # [P, n]
+    ops = _merge_bands(ops, R, C)
     # an operand block a store of this same program may overwrite is never cached
     st = np.asarray(stores, np.int64).reshape(-1, 2)
     gd = np.asarray(guards, np.int64).reshape(-1, 2)
@@ -267,6 +268,81 @@ def trace(fm, prog):
     plan.cache = {}
     plan.log_pos = 0
     return plan
+
+
+def _wkey(g):
+    """What makes two groups one product with stacked rows: the same weight blocks, aux
+    lanes, requantize clamp and K split (the bands of one layer)."""
+    return (tuple(tuple(x) for x in g["w_segs"]), tuple(g["xb"]), tuple(g["xm"]), g["zy"],
+            g["lo"], g["hi"], tuple(p[4] for p in g["parts"]))
+
+
+def _src_rng(g, R):
+    """DRAM bytes [lo, hi) the group's activations are gathered from."""
+    lo, hi = None, None
+    for idx, pad, a_off, _, _ in g["parts"]:
+        v = idx if pad is None else idx[~pad]
+        if v.size:
+            a, b = (int(v.min()) + a_off) * R, (int(v.max()) + a_off + 1) * R
+            lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+    return (lo or 0, hi or 0)
+
+
+#: how far ahead (plan ops) :func:`_merge_bands` looks for a group with the same weights
+MERGE_WINDOW = 256
+
+
+def _merge_bands(ops, R, C):
+    """Groups with the same weights (the row bands of a layer, also when the M tiles of a
+    grouped conv interleave them) become one product over their stacked rows ("bands"):
+    a later group is pulled forward to the first one when that changes nothing -- its
+    output rows are disjoint from those of every group it jumps over and from the bytes
+    every STORE it jumps over reads, and no such STORE writes DRAM it reads (activations,
+    weights, aux). A chunked job ends the search. The per-band products are the expensive
+    part of small-channel layers (one onnxruntime call each)."""
+    out, used, n = [], set(), len(ops)
+    for i in range(n):
+        if i in used:
+            continue
+        kind, g = ops[i]
+        if kind != "group":
+            out.append(ops[i])
+            continue
+        key, members = _wkey(g), [g]
+        stores, others = [], [g["out_rows"].ravel()]
+        for j in range(i + 1, min(n, i + MERGE_WINDOW)):
+            if j in used:
+                continue
+            k2, h = ops[j]
+            if k2 == "store":
+                stores.append(h)
+                continue
+            if k2 != "group":
+                break
+            rows = h["out_rows"].ravel()
+            if _wkey(h) != key:
+                others.append(rows)
+                continue
+            ok = not any(np.intersect1d(rows, o, assume_unique=False).size for o in others[1:])
+            ob = rows * C
+            src = _src_rng(h, R)
+            for srows, nb in stores:
+                for a, off in srows:
+                    if ((ob + C > off) & (ob < off + nb)).any():
+                        ok = False                  # it would overwrite what the store reads
+                    for lo, hi in (src, h["guard"]):
+                        if a < hi and lo < a + nb:
+                            ok = False              # the store writes what it reads
+            if not ok:
+                break
+            members.append(h)
+            others.append(rows)
+            used.add(j)
+        if len(members) == 1:
+            out.append(("group", g))
+        else:
+            out.append(("bands", {"members": members, "gid": members[0]["gid"]}))
+    return out
 
 
 def _combine(ops, clobbered, R):
@@ -449,6 +525,15 @@ def run_plan(fm, plan):
             y = _finish(_product(A, W), bias, m, nn, g["zy"], g["lo"],
                         g["hi"])
             out[g["out_rows"]] = y.reshape(g["P"], len(g["w_segs"]), C)
+        elif kind == "bands":
+            ms = g["members"]
+            A = np.concatenate([_group_activations(dram_rows, h) for h in ms])
+            W, (bias, m, nn) = _operands(dram, dram_i8, plan, ms[0], C, "group")
+            y = _finish(_product(A, W), bias, m, nn, ms[0]["zy"], ms[0]["lo"], ms[0]["hi"])
+            r = 0
+            for h in ms:
+                out[h["out_rows"]] = y[r:r + h["P"]].reshape(h["P"], len(h["w_segs"]), C)
+                r += h["P"]
         elif kind == "chunk":
             c = g["c"]
             A = _activations(dram_rows, g)
