@@ -39,14 +39,35 @@ def add_schedule_args(p, host="board"):
                    help="CPU worker threads (default: the scheduler tries 1..the cores)")
     g.add_argument("--no-split", action="store_true",
                    help="do not split layers between the fabric and the CPU")
+    if not any(a.dest == "calibration" for a in p._actions):
+        g.add_argument("--calibration", metavar="DATA", default=None,
+                       help="calibration samples of MODEL (.npy / .npz / a directory); an ONNX "
+                            "file without them is quantized on random inputs")
 
 
-def _quantized(model, cfg):
+def _quantized(model, cfg, calibration=None):
+    """The int8 graph of ``model``: a zoo model on its bundled data, a file on
+    ``calibration`` (runcli.load_samples) or else on 8 random inputs -- the plan depends on
+    shapes only, not on the scales (a note says so)."""
     import dnnfab
+    from .api import load
+    from .runcli import load_samples, _feeds, _random
+    from .session import _is_zoo_name
+    notes = []
+    cal = None
+    if calibration is not None or not _is_zoo_name(model):
+        graph = load(model)
+        if calibration is not None:
+            cal = _feeds(graph, load_samples(calibration, graph))
+        else:
+            cal = _feeds(graph, _random(graph, 8, 0))
+            notes.append(f"{model}: quantized on 8 random inputs (pass --calibration DATA for "
+                         "real scales); the plan depends only on the layers' shapes")
+        model = graph
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        sess = dnnfab.InferenceSession(model, config=cfg, backend="cpu")
-    notes = [str(w.message) for w in caught]
+        sess = dnnfab.InferenceSession(model, calibration=cal, config=cfg, backend="cpu")
+    notes += [str(w.message) for w in caught]
     qg = sess.qg
     sess.close()
     return qg, notes
@@ -92,7 +113,7 @@ def plan_from_args(args, cfg, progress=None):
     for model, fps, d in specs:
         if progress:
             progress(f"quantizing {model}")
-        qg, n = _quantized(model, cfg)
+        qg, n = _quantized(model, cfg, getattr(args, "calibration", None))
         name = _name(model)
         nets.append((name, qg, fps, d))
         graphs[name] = qg

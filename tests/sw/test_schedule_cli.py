@@ -82,3 +82,28 @@ def test_infeasible_deadline_is_named(capsys):
 def test_bad_schedule_input_is_one_line(capsys, argv, msg):
     assert main(argv) == 2
     assert msg in _err_line(capsys)
+
+
+def test_schedule_an_onnx_file_with_and_without_calibration(capsys, tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])], "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())])
+    path = tmp_path / "tiny.onnx"
+    onnx.save(onnx.shape_inference.infer_shapes(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])), path)
+    cal = tmp_path / "cal.npy"
+    np.save(cal, rng.standard_normal((4, 3, 8, 8)).astype(np.float32))
+    rc, d = _json(capsys, "schedule", str(path), "--board", "pynq-z2", "--json")
+    assert rc == 0 and d["feasible"] and any("random inputs" in n for n in d["notes"])
+    rc, d = _json(capsys, "schedule", str(path), "--board", "pynq-z2", "--calibration", str(cal),
+                  "--json")
+    assert rc == 0 and not any("random inputs" in n for n in d["notes"])
+    assert {p["network"] for p in d["plan"]} == {"tiny"}
