@@ -68,7 +68,7 @@ def check_layer(text, cfg):
     return spec
 
 
-def _build(sim, vfile, module, waves):
+def _build(sim, sources, module, waves, build_kw=None):
     """Build (or find cached) the simulation model, telling the user what is going on."""
     from . import runner
     print(f"dnnfab: {sim}: building {module} (a fresh build of the accelerator takes about "
@@ -88,12 +88,12 @@ def _build(sim, vfile, module, waves):
             th = threading.Thread(target=tick, daemon=True)
             th.start()
             try:
-                _, _, built, secs = runner.build([vfile], module, sim, waves)
+                _, _, built, secs = runner.build(sources, module, sim, waves, **(build_kw or {}))
             finally:
                 done.set()
                 th.join()
     else:
-        _, _, built, secs = runner.build([vfile], module, sim, waves)
+        _, _, built, secs = runner.build(sources, module, sim, waves, **(build_kw or {}))
     print(f"dnnfab: {sim}: {'built' if built else 'cached build of'} {module} "
           f"({secs:.0f} s); simulating", file=sys.stderr, flush=True)
     return built, secs
@@ -116,7 +116,7 @@ def cmd_cosim(args):
         rep = Path(tmp) / "report.json"
         if args.top == "array":
             vfile, module, manifest = generated(cfg, "array")
-            built, build_s = _build(args.sim, vfile, module, args.waves)
+            built, build_s = _build(args.sim, [vfile], module, args.waves)
             params = dict(rows=cfg.rows, cols=cfg.cols, input_bits=cfg.input_bits, weight_bits=cfg.weight_bits,
                           acc_bits=cfg.acc_bits, tag_bits=manifest["array"]["tag_bits"],
                           cases=[{"n": n, "k": k, "m": m, "seed": args.seed}], report=str(rep))
@@ -124,12 +124,12 @@ def cmd_cosim(args):
                              waves=args.waves)
             report = json.loads(rep.read_text())
         else:
-            vfile, module, _ = generated(cfg, "accelerator")
-            built, build_s = _build(args.sim, vfile, module, args.waves)
+            from .dram import accel_target, run_accel
+            sources, module, build_kw = accel_target(cfg, args.sim)
+            built, build_s = _build(args.sim, sources, module, args.waves, build_kw)
             spec["seed"] = args.seed
-            res = runner.run([vfile], module, "dnnfab.cosim.tb_accel", sim=args.sim, testcase="layers",
-                             params={"config": cfg.to_dict(), "layers": [spec], "report": str(rep)},
-                             waves=args.waves)
+            res = run_accel(cfg, "layers", {"layers": [spec], "report": str(rep)}, sim=args.sim,
+                            waves=args.waves)
             report = json.loads(rep.read_text())
     out = {"simulator": args.sim, "top": args.top, "config": cfg.to_dict(), "passed": True,
            "build_dir": str(res.build_dir), "built": built, "build_s": round(build_s, 2),
