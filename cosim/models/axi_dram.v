@@ -173,6 +173,7 @@ module dnnfab_axi_dram #(
     reg [1:0] t_resp;
     reg [3:0] rules;
     reg [15:0] viol;
+    reg busy;
     reg [31:0] cnt;
     reg [WORDS_LOG2:0] k;
     integer i, it;
@@ -257,9 +258,9 @@ module dnnfab_axi_dram #(
             ar_wait = arvalid && !arready;
             aw_wait = awvalid && !awready;
             w_wait = wvalid && !wready;
-            ar_hold = {arid, araddr, arlen, arsize, arburst};
-            aw_hold = {awid, awaddr, awlen, awsize, awburst};
-            w_hold = {wdata, wstrb, wlast};
+            if (ar_wait) ar_hold = {arid, araddr, arlen, arsize, arburst};
+            if (aw_wait) aw_hold = {awid, awaddr, awlen, awsize, awburst};
+            if (w_wait) w_hold = {wdata, wstrb, wlast};
 
             // AR sink: take the beat, then ready = fewer than 2 queued (before the process)
             if (arvalid && arready) begin
@@ -309,7 +310,11 @@ module dnnfab_axi_dram #(
             // ================= read process =================
             // recv AR; per beat: read the memory, then send R (blocks while the R queue
             // holds 2: the beat read waits in pr_hold); as far as the queues allow
-            for (it = 0; it < 5; it = it + 1) begin
+            // (the loops stop at the first step that cannot move: the idle memory costs
+            // a few comparisons per cycle)
+            busy = pr_hold || pr_act || arq_n != 2'd0;
+            for (it = 0; it < 5 && busy; it = it + 1) begin
+                busy = 1'b0;
                 if (pr_hold) begin
                     if (rq_n != 2'd2) begin
                         rq_data[rq_n[0]] = pr_data; rq_id[rq_n[0]] = pr_id;
@@ -317,8 +322,10 @@ module dnnfab_axi_dram #(
                         rq_n = rq_n + 2'd1;
                         pr_hold = 1'b0;
                         if (pr_last) pr_act = 1'b0;
+                        busy = 1'b1;
                     end
                 end else if (pr_act) begin
+                    busy = 1'b1;
                     t_resp = pr_resp;
                     if ((inj_en[0] && (pr_addr >> LB) == (inj_rd_addr >> LB))
                         || (inj_en[1] && rd_beats == inj_rd_beat))
@@ -331,6 +338,7 @@ module dnnfab_axi_dram #(
                     pr_addr = pr_addr + (32'd1 << pr_size);
                     pr_left = pr_left - 9'd1;
                 end else if (arq_n != 2'd0) begin
+                    busy = 1'b1;
                     pr_act = 1'b1;
                     pr_id = arq_id[0]; pr_size = arq_size[0];
                     pr_addr = (arq_addr[0] >> arq_size[0]) << arq_size[0];
@@ -349,15 +357,19 @@ module dnnfab_axi_dram #(
             end
             // ================= write process (after the endpoints) =================
             // recv AW; per beat: recv W, write; send B; as far as the queues allow
-            for (it = 0; it < 6; it = it + 1) begin
+            busy = pw_bwait || (!pw_act && awq_n != 2'd0) || (pw_act && wq_n != 2'd0);
+            for (it = 0; it < 6 && busy; it = it + 1) begin
+                busy = 1'b0;
                 if (pw_bwait) begin
                     if (bq_n != 2'd2) begin
                         bq_id[bq_n[0]] = pw_id; bq_resp[bq_n[0]] = pw_resp;
                         bq_n = bq_n + 2'd1;
                         pw_bwait = 1'b0;
+                        busy = 1'b1;
                     end
                 end else if (!pw_act) begin
                     if (awq_n != 2'd0) begin
+                        busy = 1'b1;
                         pw_act = 1'b1;
                         pw_id = awq_id[0]; pw_size = awq_size[0];
                         pw_addr = (awq_addr[0] >> awq_size[0]) << awq_size[0];
@@ -375,6 +387,7 @@ module dnnfab_axi_dram #(
                         awq_n = awq_n - 2'd1;
                     end
                 end else if (wq_n != 2'd0) begin
+                    busy = 1'b1;
                     // an injected fault fails the write of a beat (as AxiRam's write hook
                     // raising): nothing written, the burst answers SLVERR; a beat without
                     // strobes writes nothing and cannot fail
