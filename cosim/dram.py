@@ -339,20 +339,27 @@ class VerilogDram(_DramBase):
         return addr // b, -(-(addr + n) // b)
 
     async def load(self, images):
-        """Write ``[(addr, bytes)]`` into the DRAM with one ``$readmemh``; partial words at
-        the edges of an image keep their other bytes (read first)."""
+        """Write ``[(addr, bytes)]`` into the DRAM with one ``$readmemh`` (images sharing a
+        bus word: one after the other, later ones win); partial words at the edges of an
+        image keep their other bytes (read first)."""
         b = self.bus_bytes
+        images = [(addr, data) for addr, data in images if len(data)]
+        spans = sorted((addr // b, -(-(addr + len(data)) // b)) for addr, data in images)
+        if any(nxt[0] < prev[1] for prev, nxt in zip(spans, spans[1:])):
+            for image in images:                # images sharing a word: one after the other
+                await self.load([image])
+            return
         chunks = []
         for addr, data in images:
             data = np.frombuffer(bytes(data), np.uint8)
             if not len(data):
                 continue
             w0, w1 = self._words(addr, len(data))
-            buf = None
-            if addr % b or (addr + len(data)) % b:
-                buf = (await self._read_words(w0, w1)).reshape(-1).copy()
-            else:
-                buf = np.empty((w1 - w0) * b, np.uint8)
+            buf = np.empty((w1 - w0) * b, np.uint8)
+            if addr % b:                        # partial first / last word: keep its other bytes
+                buf[:b] = (await self._read_words(w0, w0 + 1)).reshape(-1)
+            if (addr + len(data)) % b:
+                buf[-b:] = (await self._read_words(w1 - 1, w1)).reshape(-1)
             buf[addr - w0 * b:addr - w0 * b + len(data)] = data
             chunks.append(f"@{w0:x}\n".encode() + _hex_lines(buf.reshape(-1, b), b))
         if not chunks:

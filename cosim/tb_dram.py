@@ -368,6 +368,9 @@ async def host_access(dut):
         addr = rng.randrange(0, size - 5000)
         blob = rng.randbytes(rng.randrange(1, 5000))
         images.append((addr, blob))
+    # adjacent unaligned images sharing bus words, and an overlapping one (later wins)
+    a0 = rng.randrange(0, size - 20000) | 3
+    images += [(a0, rng.randbytes(13)), (a0 + 13, rng.randbytes(29)), (a0 + 20, rng.randbytes(5))]
     await v.load(images)
     for addr, blob in images:
         ref[addr:addr + len(blob)] = np.frombuffer(blob, np.uint8)
