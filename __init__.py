@@ -11,7 +11,7 @@ from .errors import DnnfabError
 
 __version__ = "0.1.0"
 
-__all__ = ["DnnfabError", "load", "quantize", "__version__"]
+__all__ = ["DnnfabError", "load", "quantize", "InferenceSession", "__version__"]
 
 
 def load(model, **kwargs):
@@ -24,3 +24,11 @@ def quantize(graph, calibration=None, **kwargs):
     """Post-training int8 quantization of a loaded graph (see :mod:`dnnfab.sw.quant.ptq`)."""
     from .sw.runtime.api import quantize as _quantize
     return _quantize(graph, calibration=calibration, **kwargs)
+
+
+def __getattr__(name):
+    # lazy: ``dnnfab.InferenceSession`` without importing the host side on ``import dnnfab``
+    if name == "InferenceSession":
+        from .sw.runtime.session import InferenceSession
+        return InferenceSession
+    raise AttributeError(f"module 'dnnfab' has no attribute {name!r}")

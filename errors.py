@@ -53,3 +53,44 @@ class FabricDeadlock(FabricError):
         self.tokens = tokens or {}
         self.fills = fills or {}
         self.retired = retired
+
+
+class DmaError(FabricError):
+    """The DMA reported an error: ``code`` (STATUS.ERROR_CODE: 1 AXI read, 2 AXI write,
+    5 write outside the window, 6 instruction fetch) and the faulting byte ``address``
+    (ERROR_INFO)."""
+
+    def __init__(self, msg, code, address, status=0, counters=None):
+        super().__init__(msg)
+        self.code, self.address, self.status = code, address, status
+        self.counters = counters or {}
+
+
+class IllegalInstruction(FabricError):
+    """The controller decoded an instruction it does not know (error 3): ``index`` in the
+    program, ``address`` its byte address."""
+
+    def __init__(self, msg, index, address, status=0, counters=None):
+        super().__init__(msg)
+        self.index, self.address, self.status = index, address, status
+        self.counters = counters or {}
+
+
+class ScratchpadError(FabricError):
+    """An instruction addressed a scratchpad row out of range (error 4); ``address`` is
+    ERROR_INFO (the instruction's byte address)."""
+
+    def __init__(self, msg, address, status=0, counters=None):
+        super().__init__(msg)
+        self.code, self.address, self.status = 4, address, status
+        self.counters = counters or {}
+
+
+class FabricTimeout(FabricError):
+    """No interrupt within the timeout: ``status`` (STATUS register) and ``counters`` (the
+    performance counters) as read after the wait; ``diagnosis``: what the backend knows
+    about why (the model backend: the token machine's deadlock report)."""
+
+    def __init__(self, msg, status, counters, diagnosis=""):
+        super().__init__(msg)
+        self.status, self.counters, self.diagnosis = status, counters, diagnosis

@@ -31,7 +31,7 @@ CONFIG0 stores the bit widths modulo 16 (16-bit inputs read as 0); the full conf
 the manifest and the header.
 """
 
-from .csr import Register, RegisterMap, Field
+from .regdesc import Register, RegisterMap, Field
 from .config import AcceleratorConfig
 
 __all__ = ["accelerator_regmap", "ERR_NONE", "ERR_AXI_READ", "ERR_AXI_WRITE", "ERR_ILLEGAL_INSN",

@@ -20,7 +20,7 @@ from dnnfab.boards.fit import check_fit, autosize
 from dnnfab.errors import InputError, ConfigError
 from dnnfab.hw.config import AcceleratorConfig
 from dnnfab.models import datasets
-from dnnfab.sw.runtime import plan_network, run_network
+from dnnfab.sw.runtime import plan_network, InferenceSession
 
 ROOT = Path(__file__).resolve().parent.parent
 RESNET_REASON = "2048 output channels exceed 255 C-blocks per pixel; use a config with more columns"
@@ -182,12 +182,12 @@ def test_run_network_refuses_other_widths_and_nonfinite_inputs():
     q = dnnfab.quantize(dnnfab.load("digits-cnn"), calibration=datasets.digits_split()[0][:8])
     x = datasets.digits_split()[2][:1].copy()
     with pytest.raises(ConfigError, match="input_bits=4, weight_bits=4"):
-        run_network(q, {"image": x}, AcceleratorConfig(input_bits=4, weight_bits=4))
+        InferenceSession(q, config=AcceleratorConfig(input_bits=4, weight_bits=4))
     for bad in (np.nan, np.inf, -np.inf):
         y = x.copy()
         y[0, 0, 3, 5] = bad
         with pytest.raises(InputError, match=r"'image' holds 1 NaN/inf value\(s\) \(first at index \(0, 0, 3, 5\)\)"):
-            run_network(q, {"image": y})
+            InferenceSession(q, cache_dir=False).run(None, {"image": y})
         with pytest.raises(InputError, match="NaN/inf"):
             dnnfab.quantize(dnnfab.load("digits-cnn"), calibration=y)
 
@@ -352,3 +352,14 @@ def test_cli_process_prints_one_line_exit_2(argv, tmp_path):
                        timeout=300, cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("dnnfab: error: ") and "Traceback" not in r.stderr
+
+
+def test_run_require_fabric_names_the_scratchpad_limit(capsys):
+    """A config whose scratchpads cannot hold one tile of a layer: with --require-fabric
+    one line naming the fix and exit 2."""
+    rc = main(["run", "eeg-seizure", "--samples", "1", "--calib", "4", "--rows", "4", "--cols", "4",
+               "--bus-bits", "64", "--act-kib", "1", "--acc-kib", "1", "--out-kib", "1",
+               "--require-fabric"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "does not fit the scratchpads" in err[0] and "use a larger configuration" in err[0]

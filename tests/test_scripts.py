@@ -50,3 +50,19 @@ def test_bench_layer_script_small():
     assert out["bit_exact"] is True
     assert out["physical_limit_cycles"] <= out["cycles"]
     assert abs(out["model_cycles"] - out["cycles"]) <= max(16, 0.02 * out["cycles"])
+
+
+def test_bench_session_small(tmp_path):
+    """The session benchmark: bit-exact on a bundled and a zoo model, the efficiency and
+    compile figures are filled in (speed itself is the benchmark's business)."""
+    out_file = tmp_path / "s.json"
+    _run("scripts/bench_session.py", "--models", "digits-cnn", "squeezenet", "--repeats", "1",
+         "--compile-model", "digits-cnn", "--json", str(out_file), timeout=1500)
+    out = json.loads(out_file.read_text())
+    assert out["all_bit_exact"] and [m["model"] for m in out["models"]] == ["digits-cnn", "squeezenet"]
+    for m in out["models"]:
+        assert m["session_ms"] > 0 and m["reference_ms"] > 0 and m["fabric_layers"] > 0
+        assert 0 < m["efficiency_unchained"] <= m["efficiency"] * 1.01 <= 1.01
+        assert m["runs"] <= m["runs_unchained"] and m["plan_launches"] == m["launches"]
+    c = out["compile"]
+    assert c["compile_cold_s"] > 0 and c["first_run_cached_s"] > 0

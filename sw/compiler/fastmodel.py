@@ -14,6 +14,8 @@ timing models then follow an order the hardware could take.
 """
 
 from collections import deque
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from ...errors import FabricError, FabricDeadlock
@@ -25,6 +27,9 @@ __all__ = ["estimate_cycles", "CycleReport", "check_tokens", "TokenReport",
 
 
 def _wrap32(x):
+    """Two's-complement wrap to int32 (the accumulator's width), as int64."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.int32).astype(np.int64)      # truncation is the wrap
     return ((x + (1 << 31)) % (1 << 32)) - (1 << 31)
 
 
@@ -243,6 +248,7 @@ class CycleReport:
     compute_cycles: int        # cycles the array stream is busy (incl. weight-preload stalls)
     load_cycles: int
     store_cycles: int
+    insn_end: list = field(default_factory=list, repr=False)   # per instruction (program order)
 
     def utilization(self, cfg, macs):
         return macs / (self.cycles * cfg.rows * cfg.cols)
@@ -339,6 +345,7 @@ def estimate_cycles(prog) -> CycleReport:
     load_cycles = store_cycles = compute_cycles = 0
     beats_total = 0
     first_compute = True
+    insn_end = [0] * len(insns)
     for i in check_tokens(insns).order:
         ins = insns[i]
         ensure_chunk(i // FETCH_CHUNK)
@@ -356,6 +363,7 @@ def estimate_cycles(prog) -> CycleReport:
             if ins.push_next:
                 l2c.append(end)
             done.append(end)
+            insn_end[i] = end
         elif isinstance(ins, Compute):
             start = t_comp_free
             if ins.pop_prev:
@@ -380,6 +388,7 @@ def estimate_cycles(prog) -> CycleReport:
             if ins.push_next:
                 c2s.append(end)
             done.append(end)
+            insn_end[i] = end
         else:
             start = t_store
             if ins.pop_prev:
@@ -391,6 +400,7 @@ def estimate_cycles(prog) -> CycleReport:
             if ins.push_prev:
                 s2c.append(end)
             done.append(end)
+            insn_end[i] = end
     total = max(done) + 2 if done else 0
     return CycleReport(cycles=total, array_beats=beats_total, compute_cycles=compute_cycles,
-                       load_cycles=load_cycles, store_cycles=store_cycles)
+                       load_cycles=load_cycles, store_cycles=store_cycles, insn_end=insn_end)

@@ -37,6 +37,7 @@ class ConvLayer:
     dilation: tuple = (1, 1)
     in_hw: tuple = (1, 1)
     name: str = "conv"
+    groups: int = 1               # weight is [cout, cin / groups, kh, kw]
 
     def __post_init__(self):
         self.weight = np.asarray(self.weight, np.int8)
@@ -55,6 +56,10 @@ class ConvLayer:
         self.pad = tuple(int(p) for p in self.pad)
         self.dilation = tuple(int(d) for d in self.dilation)
         self.in_hw = tuple(int(v) for v in self.in_hw)
+        self.groups = int(self.groups)
+        if self.groups < 1 or cout % self.groups:
+            raise ModelError(f"layer {self.name}: {cout} output channels do not split into "
+                             f"{self.groups} groups")
 
     # -- shapes ------------------------------------------------------------------------
     @property
@@ -63,7 +68,7 @@ class ConvLayer:
 
     @property
     def cin(self):
-        return self.weight.shape[1]
+        return self.weight.shape[1] * self.groups
 
     @property
     def kernel(self):
@@ -82,7 +87,7 @@ class ConvLayer:
     def macs(self):
         oh, ow = self.out_hw
         kh, kw = self.kernel
-        return oh * ow * self.cout * self.cin * kh * kw
+        return oh * ow * self.cout * self.weight.shape[1] * kh * kw
 
     @classmethod
     def gemm(cls, weight_kn, bias, m, n, rows=1, **kw):
@@ -104,10 +109,13 @@ class ConvLayer:
         (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.stride, self.dilation
         acc = np.zeros((oh, ow, self.cout), np.int64)
         wt = self.weight.astype(np.int64)
+        g, cig, cog = self.groups, self.weight.shape[1], self.cout // self.groups
         for i in range(kh):
             for j in range(kw):
                 patch = xp[i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
-                acc += patch @ wt[:, :, i, j].T
+                for q in range(g):
+                    acc[..., q * cog:(q + 1) * cog] += (patch[..., q * cig:(q + 1) * cig]
+                                                         @ wt[q * cog:(q + 1) * cog, :, i, j].T)
         acc += self.bias.astype(np.int64)
         if np.any(acc > np.iinfo(np.int32).max) or np.any(acc < np.iinfo(np.int32).min):
             raise ModelError(f"layer {self.name}: accumulator overflows int32")

@@ -21,6 +21,15 @@ with 2 threads next to onnxruntime's pool on the same 2 cores, made ShuffleNet ~
 * :func:`lut2` / :func:`lut1` -- residual add / rescale through the precomputed
   65536- / 256-entry tables of :class:`~dnnfab.sw.cpu.reference.FastPlan`.
 
+The ``*_rows`` / ``*_range`` kernels are the slices the CPU worker pool
+(:mod:`dnnfab.sw.cpu.workers`) runs on its threads: the same arithmetic on output rows
+``[oy0, oy1)`` (or a flat range), writing into a shared output array; all are ``nogil``,
+so slices of one layer and independent layers really run at once:
+
+* :func:`dwconv_rows`, :func:`avgpool_rows` -- depthwise conv and average pool on a band
+  of output rows;
+* :func:`lut1_range`, :func:`lut2_range` -- the table lookups on ``[i0, i1)``.
+
 ``AVAILABLE`` is False when numba is missing; the reference then (and with
 ``Options(numba=False)``, e.g. from ``DNNFAB_NUMBA=0``) uses its numpy kernels (same results, slower). Compiled code is cached on disk by numba
 (``cache=True``), so only the first run on a machine pays the ~10 s of compilation.
@@ -30,7 +39,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "requant_rows", "requant_rows_perm", "requant_add", "requant_add_perm", "dwconv", "avgpool", "lut1", "lut2"]
+__all__ = ["AVAILABLE", "requant_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
+           "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
+           "avgpool_rows", "lut1_range", "lut2_range"]
 
 try:
     import numba  # noqa: F401
@@ -188,4 +199,118 @@ if AVAILABLE:
         """out[i] = table[a[i] & 0xff] on flat int8 arrays."""
         for i in range(a.size):
             out[i] = table[np.int32(a[i]) & 0xFF]
+        return out
+
+
+if AVAILABLE:
+    @njit(**_jit)
+    def dwconv_rows(x, w, zx, sh, sw, dh, dw, pt, pl, bias, m, n, zy, lo, hi, oy0, oy1, out):
+        """:func:`dwconv` on output rows [oy0, oy1) of ``out`` (int8 [N, Ho, Wo, C]).
+        |acc| <= kh*kw*128*127 + |bias| stays far inside int32 for any kernel the
+        contract accepts (acc_bound < 2^31 is proven at quantization)."""
+        nb, h, wd, c = x.shape
+        _, ho, wo, _ = out.shape
+        kh, kw, _ = w.shape
+        zw = np.empty((kh, kw, c), np.int32)
+        for i in range(kh):
+            for k in range(kw):
+                for j in range(c):
+                    zw[i, k, j] = zx * w[i, k, j]
+        acc = np.empty((wo, c), np.int32)
+        for b in range(nb):
+            for oy in range(oy0, oy1):
+                acc[:, :] = 0
+                for i in range(kh):
+                    iy = oy * sh + i * dh - pt
+                    for k in range(kw):
+                        for ox in range(wo):
+                            ix = ox * sw + k * dw - pl
+                            if iy < 0 or iy >= h or ix < 0 or ix >= wd:
+                                for j in range(c):
+                                    acc[ox, j] += zw[i, k, j]
+                            else:
+                                for j in range(c):
+                                    acc[ox, j] += np.int32(x[b, iy, ix, j]) * w[i, k, j]
+                for ox in range(wo):
+                    for j in range(c):
+                        out[b, oy, ox, j] = _rq(np.int64(acc[ox, j]) + bias[j], m[j], n[j],
+                                                zy, lo, hi)
+        return out
+
+    @njit(**_jit)
+    def avgpool_rows(x, kh, kw, sh, sw, dh, dw, pt, pl, zx, m, n, zy, lo, hi, oy0, oy1, out):
+        """:func:`avgpool` on output rows [oy0, oy1)."""
+        nb, h, wd, c = x.shape
+        _, ho, wo, _ = out.shape
+        acc = np.empty(c, np.int64)
+        for b in range(nb):
+            for oy in range(oy0, oy1):
+                for ox in range(wo):
+                    for j in range(c):
+                        acc[j] = 0
+                    taps = 0
+                    for i in range(kh):
+                        iy = oy * sh + i * dh - pt
+                        if iy < 0 or iy >= h:
+                            continue
+                        for k in range(kw):
+                            ix = ox * sw + k * dw - pl
+                            if ix < 0 or ix >= wd:
+                                continue
+                            taps += 1
+                            for j in range(c):
+                                acc[j] += x[b, iy, ix, j]
+                    mm, nn = m[oy, ox], n[oy, ox]
+                    for j in range(c):
+                        out[b, oy, ox, j] = _rq(acc[j] - zx * taps, mm, nn, zy, lo, hi)
+        return out
+
+    @njit(**_jit)
+    def lut1_range(a, table, i0, i1, out):
+        """out[i] = table[a[i] & 0xff] for i in [i0, i1) (flat int8 arrays)."""
+        for i in range(i0, i1):
+            out[i] = table[np.int32(a[i]) & 0xFF]
+        return out
+
+    @njit(**_jit)
+    def lut2_range(a, b, table, i0, i1, out):
+        """out[i] = table[256 * (a[i] & 0xff) + (b[i] & 0xff)] for i in [i0, i1)."""
+        for i in range(i0, i1):
+            out[i] = table[(np.int32(a[i]) & 0xFF) << 8 | (np.int32(b[i]) & 0xFF)]
+        return out
+
+
+if AVAILABLE:
+    @njit(**_jit)
+    def gemm_rq(x, w, bias, m, n, zy, lo, hi, c0, c1, out):
+        """Small exact GEMM with the requantize fused: out[i, j] = rq(sum_k x[i, k] * w[k, j]
+        + bias[j]) for columns j in [c0, c1). x int8 [M, K]; w int32 [K, N]; int32 sums are
+        exact while K * 128 * 128 < 2^31 (callers keep K <= 131071)."""
+        rows, k = x.shape
+        acc = np.empty(c1 - c0, np.int32)
+        for i in range(rows):
+            for j in range(c1 - c0):
+                acc[j] = 0
+            for t in range(k):
+                xv = np.int32(x[i, t])
+                wr = w[t, c0:c1]
+                for j in range(c1 - c0):
+                    acc[j] += xv * wr[j]
+            for j in range(c1 - c0):
+                out[i, c0 + j] = _rq(np.int64(acc[j]) + bias[c0 + j], m[c0 + j], n[c0 + j],
+                                     zy, lo, hi)
+        return out
+
+
+
+if AVAILABLE:
+    @njit(**_jit)
+    def lut_per_channel(x, table, r0, r1, out):
+        """out[i, c] = table[c, x[i, c] & 0xff] for rows i in [r0, r1); x, out int8
+        [rows, C]; table int8 [C, 256] (a 1x1 depthwise conv: every code of every channel
+        precomputed with the contract's formula)."""
+        c = x.shape[1]
+        for i in range(r0, r1):
+            for j in range(c):
+                out[i, j] = table[j, np.int32(x[i, j]) & 0xFF]
         return out

@@ -19,6 +19,9 @@ field                  environment variable    meaning
                                                on; ``0`` turns it off)
 ``numba``              ``DNNFAB_NUMBA``        fused numba kernels (default on; ``0`` turns
                                                them off; off as well where numba is missing)
+``workers``            ``DNNFAB_WORKERS``      threads of the CPU worker pool
+                                               (:class:`~dnnfab.sw.cpu.workers.CpuWorkers`;
+                                               default None: the CPU's cores)
 =====================  ======================  =============================================
 
 Every setting gives bit-identical results; they change only speed.
@@ -45,6 +48,7 @@ class Options:
     gemm_engine: str = "auto"
     fast_plan: bool = True
     numba: bool = True
+    workers: int | None = None
 
     def __post_init__(self):
         if self.gemm_engine not in GEMM_ENGINES:
@@ -54,15 +58,21 @@ class Options:
         object.__setattr__(self, "threads", int(self.threads))
         object.__setattr__(self, "fast_plan", bool(self.fast_plan))
         object.__setattr__(self, "numba", bool(self.numba))
+        if self.workers is not None:
+            if int(self.workers) < 1:
+                raise ValueError(f"workers must be at least 1, got {self.workers}")
+            object.__setattr__(self, "workers", int(self.workers))
 
     @classmethod
     def from_env(cls, environ=None) -> "Options":
         """The defaults, as the environment sets them (``DNNFAB_THREADS``,
-        ``DNNFAB_GEMM_ENGINE``, ``DNNFAB_FAST_PLAN``, ``DNNFAB_NUMBA``)."""
+        ``DNNFAB_GEMM_ENGINE``, ``DNNFAB_FAST_PLAN``, ``DNNFAB_NUMBA``, ``DNNFAB_WORKERS``)."""
         env = os.environ if environ is None else environ
         kw = {}
         if env.get("DNNFAB_THREADS"):
             kw["threads"] = int(env["DNNFAB_THREADS"])
+        if env.get("DNNFAB_WORKERS"):
+            kw["workers"] = int(env["DNNFAB_WORKERS"])
         return cls(gemm_engine=env.get("DNNFAB_GEMM_ENGINE", "auto"),
                    fast_plan=env.get("DNNFAB_FAST_PLAN", "1") != "0",
                    numba=env.get("DNNFAB_NUMBA", "1") != "0", **kw)

@@ -197,16 +197,20 @@ def _check_counts(samples, calib):
 
 
 def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=True,
-             calibration=None, input_shapes=()):
-    """Quantize ``model``, run ``samples`` inputs on the fabric model, check them.
+             calibration=None, input_shapes=(), require_fabric=False):
+    """Quantize ``model``, run ``samples`` inputs through an :class:`InferenceSession` (the
+    fabric model backend), check each against the integer reference.
 
-    Returns ``(summary dict, NetworkResult of the first sample)``. ``calibration``: a
+    Returns ``(summary dict, first)``: ``first.layers`` the per-layer records and
+    ``first.outputs`` the int8 outputs of the first sample. ``calibration``: a
     path for :func:`load_samples`; ``input_shapes``: ``--input-shape`` strings.
     """
     import dnnfab
     from ...hw.config import AcceleratorConfig
+    from ..cpu.reference import run_reference
     from .cli import load_for_cli
-    from .network import run_network, plan_network, check_run_config
+    from .network import check_run_config
+    from .session import InferenceSession
     cfg = cfg or AcceleratorConfig()
     _check_counts(samples, calib)
     check_run_config(cfg)
@@ -215,7 +219,8 @@ def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=Tru
     zoo = _zoo_name(model)
     calib_feeds, xs, ys, desc = _data_for(zoo, model, g, samples, calib, calibration)
     q = dnnfab.quantize(g, calibration=calib_feeds)
-    plan = plan_network(q, cfg)
+    sess = InferenceSession(q, config=cfg, require_fabric=require_fabric)
+    sess.compile()
     out_name = g.outputs[0].name
     bar = None
     if progress:
@@ -225,14 +230,22 @@ def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=Tru
     correct_fab = correct_float = 0
     exact = True
     first = None
+    first_out = None
+    faults = []
+    run_s = []
     for i, feed in enumerate(xs):
-        res = run_network(q, feed, cfg, check=True, plan=plan)
-        exact &= bool(res.bit_exact)
+        t1 = time.perf_counter()
+        out = sess.run_int(feed)
+        run_s.append(time.perf_counter() - t1)
+        ref = run_reference(q, q.quantize_inputs(feed), options=sess.options)
+        exact &= all(np.array_equal(out[k], ref[k]) for k in ref)
+        faults += sess.faults
+        sess.faults = []
         if first is None:
-            first = res
+            first, first_out = sess.profile(), out
         if ys is not None:
             p = q.qtensors[out_name]
-            y_fab = (res.outputs[out_name].astype(np.float32) - p.zero_point) * p.scale
+            y_fab = (out[out_name].astype(np.float32) - p.zero_point) * p.scale
             correct_fab += int(np.argmax(y_fab) == ys[i])
             correct_float += int(np.argmax(g.run(feed)[out_name]) == ys[i])
         if bar:
@@ -240,22 +253,44 @@ def main_job(model=DEFAULT_MODEL, cfg=None, samples=32, calib=None, progress=Tru
     if bar:
         bar.close()
     ops = {L.name: L.describe_op() for L in g.layers}
-    for r in first.layers:
-        r.op = ops.get(r.name, r.op)
+    for r in first:
+        r["op"] = ops.get(r["name"], r["op"])
+        r["where"] = r["target"]          # the key earlier versions of this JSON used
+    fab = [r for r in first if r["target"] == "fabric"]
+    net = sess.net
     summary = {
         "model": zoo or model, "config": cfg.to_dict(), "backend": "model", "samples": len(xs),
         "calibration": desc["calibration"], "inputs": desc["inputs"],
-        "bit_exact_vs_reference": exact,
-        "fabric_cycles_per_inference": first.fabric_cycles,
-        "fabric_ms_per_inference": round(first.fabric_ms, 4),
-        "cpu_ms_per_inference": round(first.cpu_ms, 4),
+        "bit_exact_vs_reference": bool(exact),
+        "fabric_cycles_per_inference": sum(r["cycles"] for r in fab),
+        "fabric_ms_per_inference": round(sum(r["ms"] for r in fab), 4),
+        "cpu_ms_per_inference": round(sum(r["ms"] for r in first if r["target"] != "fabric"), 4),
+        "fabric_launches_per_inference": len(net.runs),
+        "fabric_efficiency": round(net.efficiency(), 4),
+        "dram_bytes": net.dram_bytes,
+        "compile_s": round(sess.compile_s, 3),
+        "session_run_ms": round(1e3 * min(run_s), 3),
         "accuracy_int8_fabric": (correct_fab / len(xs)) if ys is not None else None,
         "accuracy_float": (correct_float / len(xs)) if ys is not None else None,
-        "faults": first.faults,
-        "layers": first.to_dict()["layers"],
+        "faults": faults,
+        "layers": first,
         "wall_s": round(time.monotonic() - t0, 2),
     }
-    return summary, first
+    sess.close()
+    from types import SimpleNamespace
+    return summary, SimpleNamespace(layers=first, outputs=first_out)
+
+
+def _table_rows(layers):
+    rows = [["layer", "op", "where", "MACs", "cycles", "util", "fabric ms", "cpu ms",
+             "why not fabric"]]
+    for r in layers:
+        fab = r["target"] == "fabric"
+        rows.append([r["name"], r["op"], r["target"], f"{r['macs']:,}",
+                     f"{r['cycles']:,}" if fab else "", f"{r['utilization']:.2f}" if fab else "",
+                     f"{r['ms']:.3f}" if fab else "", "" if fab else f"{r['ms']:.3f}",
+                     r["error"] or r["reason"]])
+    return rows
 
 
 def cmd_run(args):
@@ -266,7 +301,7 @@ def cmd_run(args):
     check_run_config(cfg, cli=True)
     summary, first = main_job(args.model, cfg, samples=args.samples, calib=args.calib,
                               progress=not args.json, calibration=args.calibration,
-                              input_shapes=args.input_shape)
+                              input_shapes=args.input_shape, require_fabric=args.require_fabric)
     if args.json:
         print(json.dumps(summary, indent=2, default=float))
         return 0
@@ -275,15 +310,17 @@ def cmd_run(args):
     s = summary
     t = Table(title=f"{s['model']} on a {cfg.rows}x{cfg.cols} accelerator @ {cfg.clock_mhz:g} MHz "
                     "(fast model)")
-    rows = first.table()
+    rows = _table_rows(first.layers)
     for h in rows[0]:
         t.add_column(h, justify="left" if h in ("layer", "op", "where", "why not fabric") else "right")
     for r in rows[1:]:
         t.add_row(*r)
     print_table(t)
-    n_cpu = sum(1 for r in first.layers if r.where != "fabric")
+    n_cpu = sum(1 for r in first.layers if r["target"] != "fabric")
     print(f"fabric: {s['fabric_cycles_per_inference']:,} cycles = {s['fabric_ms_per_inference']:.3f} ms "
-          f"per inference; {n_cpu} CPU layers {s['cpu_ms_per_inference']:.3f} ms (measured)")
+          f"per inference in {s['fabric_launches_per_inference']} launches (efficiency "
+          f"{s['fabric_efficiency']:.2f}); {n_cpu} CPU layers {s['cpu_ms_per_inference']:.3f} ms "
+          "(measured)")
     print(f"calibration: {s['calibration']}; inputs: {s['inputs']}")
     print(f"bit-exact vs the integer reference on {s['samples']} samples: {s['bit_exact_vs_reference']}")
     if s["accuracy_int8_fabric"] is not None:
@@ -315,5 +352,8 @@ def register(sub):
                    help="calibration samples: .npy (one input), .npz (one array per input) or a "
                         "directory of them")
     add_input_shape_arg(p)
+    p.add_argument("--require-fabric", action="store_true",
+                   help="fail (naming the limit) if a conv/GEMM does not map onto the config "
+                        "instead of running it on the CPU")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_run)
