@@ -187,12 +187,13 @@ def accel_vlt(cfg, dram=DEFAULT_DRAM):
     return path
 
 
-def accel_target(cfg, sim="verilator", dram=DEFAULT_DRAM, accel=None, fast=True, xwatch=False):
+def accel_target(cfg, sim="verilator", dram=DEFAULT_DRAM, accel=None, fast=True, xwatch=False,
+                 capacity=DEFAULT_CAPACITY):
     """``(sources, toplevel, build_kw)`` to build the accelerator testbench's design: see
     :func:`accel_design`; ``build_kw`` for :func:`dnnfab.cosim.runner.build`: ``public``,
     the fast Verilator model (:func:`accel_vlt`) unless ``fast`` is off or ``xwatch``
     needs every signal."""
-    sources, top = accel_design(cfg, dram, accel)
+    sources, top = accel_design(cfg, dram, accel, capacity)
     public = "all" if (not fast or sim != "verilator" or xwatch) else accel_vlt(cfg, dram)
     return sources, top, {"public": public}
 

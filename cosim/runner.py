@@ -30,7 +30,7 @@ import time
 
 from ..errors import ToolchainError, DnnfabError
 
-__all__ = ["SIMULATORS", "cache_root", "simulator_env", "check_simulator", "build", "run",
+__all__ = ["SIMULATORS", "cache_root", "simulator_env", "check_simulator", "build", "run", "spawn",
            "CosimFailure", "CosimResult"]
 
 SIMULATORS = ("verilator", "icarus")
@@ -380,3 +380,41 @@ def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=N
         raise CosimFailure(f"{test_module} on {sim}: {failed} of {tests} cocotb test(s) failed; "
                            f"log: {log}{where}")
     return result
+
+
+def spawn(sources, toplevel, test_module, run_dir, sim="verilator", params=None, testcase=None,
+          waves=False, public="all", build_args=(), extra_env=None, pass_fds=(), preexec_fn=None):
+    """Build (cached) and *start* cocotb ``test_module`` against ``toplevel`` in its own
+    process, without waiting for it: a long-lived simulator (the RTL driver backend,
+    :mod:`dnnfab.cosim.rtl_backend`). Returns ``(popen, build_dir, built, build_s, log)``.
+
+    The command and environment are cocotb's own (the runner's ``test`` with its
+    execution step captured instead of run); the process runs in ``run_dir`` (bulk DRAM
+    files live there: one simulator per directory), writes its log to ``run_dir/sim.log``
+    and gets ``pass_fds`` (e.g. one end of a socket pair) and ``preexec_fn``."""
+    import subprocess
+    runner, build_dir, built, build_s = build(sources, toplevel, sim, waves, build_args, public=public)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "sim.log"
+    env = {"DNNFAB_PARAMS": json.dumps(params or {}), "COCOTB_LOG_LEVEL": "WARNING",
+           "DNNFAB_TRACE_FROM_NS": "0", **(extra_env or {})}
+    captured = []
+    runner._execute = lambda cmds, cwd: captured.append((list(cmds), cwd))
+    with _patched_environ(simulator_env(sim)):
+        runner.test(test_module=test_module, hdl_toplevel=toplevel, testcase=testcase,
+                    build_dir=str(build_dir), test_dir=str(run_dir),
+                    results_xml=str(run_dir / "results.xml"), extra_env=env, waves=waves,
+                    timescale=("1ns", "1ps"), log_file=str(log))
+        sim_env = dict(runner.env)
+    if len(captured) != 1 or len(captured[0][0]) != 1:
+        raise ToolchainError(f"cocotb's {sim} runner gave {captured and len(captured[0][0])} commands to "
+                             "run a test; expected one (cocotb changed? pin cocotb to 2.1)")
+    cmd = [str(a) for a in captured[0][0][0]]
+    fh = open(log, "w")
+    try:
+        proc = subprocess.Popen(cmd, cwd=str(run_dir), env=sim_env, stdin=subprocess.DEVNULL, stdout=fh,
+                                stderr=subprocess.STDOUT, pass_fds=tuple(pass_fds), preexec_fn=preexec_fn)
+    finally:
+        fh.close()
+    return proc, build_dir, built, build_s, log

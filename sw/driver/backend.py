@@ -8,8 +8,9 @@ DRAM buffers. The driver does everything else (register names, the launch sequen
 error decoding) in the same code for every backend, so what runs on the model is what
 will run on a board.
 
-Backends here: ``"model"`` (:class:`~.model.ModelBackend`, the fast model acting as the
-device). A PYNQ backend is a small class, sketched in docs/driver.md: ``read_reg`` /
+Backends: ``"model"`` (:class:`~.model.ModelBackend`, the fast model acting as the
+device) and ``"rtl"`` (the generated Verilog under cocotb, ``dnnfab.cosim.rtl_backend``,
+found through :data:`~.device.PLUGINS`: cosim/ sits above the driver). A PYNQ backend is a small class, sketched in docs/driver.md: ``read_reg`` /
 ``write_reg`` are ``pynq.Overlay(bitfile).ip.read/write``, ``allocate`` is
 ``pynq.allocate`` (its ``physical_address`` is the device address), ``dram_write`` /
 ``dram_read`` copy into that buffer and flush / invalidate it, ``wait_irq`` awaits
@@ -48,6 +49,11 @@ class Backend:
     def wait_irq(self, timeout_s: float) -> bool:
         """Wait for the interrupt; False if none came within ``timeout_s``."""
         raise NotImplementedError
+
+    def launch_timeout(self, model_cycles: int) -> float:
+        """A default timeout (seconds of the device's time) for a launch the cycle model
+        puts at ``model_cycles``: a board's 1 s of slack plus 20x the modelled time."""
+        return 1.0 + 20 * model_cycles / (self.cfg.clock_mhz * 1e6)
 
     def diagnose(self) -> str:
         """What the backend knows about a run that did not finish ("" if nothing)."""

@@ -32,9 +32,15 @@ from ...hw.spec import (INSN_BYTES, ERR_AXI_READ, ERR_AXI_WRITE, ERR_ILLEGAL_INS
                         ERR_OUT_WINDOW, ERR_PROG_FETCH, ErrorCode)
 from .backend import Backend
 
-__all__ = ["open", "Device", "DeviceBuffer", "Program", "BACKENDS"]
+__all__ = ["open", "Device", "DeviceBuffer", "Program", "BACKENDS", "PLUGINS"]
 
-BACKENDS = ("model",)
+BACKENDS = ("model", "rtl")
+
+#: Backends that live above sw/ (the RTL co-simulation in cosim/ imports the driver, so
+#: the driver cannot import it): name -> ``"module:factory"``, imported by name when the
+#: backend is opened, like PYNQ's device registry. This table is the only place where sw/
+#: names a module above it; tests/test_architecture.py checks that (docs/architecture.md).
+PLUGINS = {"rtl": "dnnfab.cosim.rtl_backend:open_rtl"}
 
 
 @dataclass(frozen=True)
@@ -233,9 +239,10 @@ class Device:
             raise DmaError(f"DMA error {code} ({cname}) at {info:#x}: {what}{tail}", code, info,
                            int(status), counters)
         if code == ERR_ILLEGAL_INSN:
-            index = (info - program.addr) // INSN_BYTES
-            raise IllegalInstruction(f"illegal instruction at {info:#x} (program index {index})"
-                                     f"{tail}", index, info, int(status), counters)
+            # ERROR_INFO holds the instruction's program index (the controller's dispatch count)
+            index, addr = info, program.addr + info * INSN_BYTES
+            raise IllegalInstruction(f"illegal instruction at {addr:#x} (program index {index})"
+                                     f"{tail}", index, addr, int(status), counters)
         if code == ERR_SP_RANGE:
             raise ScratchpadError(f"scratchpad address out of range (error 4) by the instruction "
                                   f"at {info:#x}{tail}", info, int(status), counters)
@@ -259,8 +266,22 @@ class Device:
         self.close()
 
 
+def _plugin(name):
+    """The factory of plugin backend ``name`` (:data:`PLUGINS`)."""
+    import importlib
+    modname, _, attr = PLUGINS[name].partition(":")
+    try:
+        module = importlib.import_module(modname)
+    except ImportError as exc:
+        raise ConfigError(f"backend {name!r} needs {modname} ({exc}); install dnnfab with its "
+                          "co-simulation extras: pip install -e '.[cosim]'") from None
+    return getattr(module, attr)
+
+
 def open(backend="model", config: AcceleratorConfig = None, board=None, **kw) -> Device:  # noqa: A001
-    """Open a device: ``backend`` ``"model"`` (the fast model); ``config`` the accelerator
+    """Open a device: ``backend`` ``"model"`` (the fast model) or ``"rtl"`` (the generated
+    Verilog under cocotb, :mod:`dnnfab.cosim.rtl_backend`; ``kw``: ``sim``, ``dram_bytes``,
+    ``waves``), or a :class:`~.backend.Backend` instance; ``config`` the accelerator
     configuration, or ``board`` a board name whose default configuration is used."""
     if config is None:
         if board is not None:
@@ -273,6 +294,13 @@ def open(backend="model", config: AcceleratorConfig = None, board=None, **kw) ->
     if backend == "model":
         from .model import ModelBackend
         return Device(ModelBackend(config, **kw))
+    if backend in PLUGINS:
+        be = _plugin(backend)(config, **kw)
+        try:
+            return Device(be)
+        except BaseException:
+            be.close()
+            raise
     raise ConfigError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
 
 

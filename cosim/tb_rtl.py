@@ -1,0 +1,147 @@
+"""cocotb side of the RTL driver backend (:mod:`dnnfab.cosim.rtl_backend`): one test,
+``serve``, that runs for the whole life of a backend and answers the host's requests.
+
+The host process (the synchronous driver) and this simulator process share a socket (the
+fd in ``$DNNFAB_RTL_FD``); each request is one length-prefixed pickle, answered by one
+reply. While the test waits for a request, simulated time stands still (the coroutine
+blocks the simulator in ``recv``): the accelerator sees a host that is infinitely fast
+between bus transactions, and no Python runs per cycle. Requests:
+
+* ``rd off`` / ``wr off value``: one AXI4-Lite read / write transaction
+  (cocotbext-axi's ``AxiLiteMaster`` on ``s_axil__*``);
+* ``dram_w addr bytes`` / ``dram_r addr n``: one bulk load (``$readmemh``) / dump
+  (``$writememh``) of the Verilog DRAM (:class:`~dnnfab.cosim.dram.VerilogDram`);
+* ``wait cycles``: simulate until the interrupt's rising edge or ``cycles`` clock
+  periods, in chunks of :data:`CHUNK` cycles (between chunks the test checks that the
+  host is still alive: a dead host ends the simulation);
+* ``fail_reads`` / ``fail_writes`` / ``clear_faults``: the DRAM's error injection;
+* ``state``: the controller/compute/DMA state and the AXI rule flags (hang report);
+* ``time``: simulated cycles since the start; ``hard_reset``: the top's ``rst`` for 5
+  cycles (the DRAM's contents are kept);
+* ``close``: reply, then end the test (the simulator exits).
+
+Errors in a request are returned to the host as ``("err", type, message)``.
+"""
+
+import os
+import select
+import socket
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
+
+from dnnfab.cosim import params
+from dnnfab.cosim.dram import CLOCK_NS
+from dnnfab.cosim.rtl_backend import recv_msg, send_msg
+from dnnfab.cosim.tb_accel import setup
+from dnnfab.hw.config import AcceleratorConfig
+
+#: cycles simulated between two checks that the host process is alive
+CHUNK = 1 << 17
+
+
+def _host_gone(sock, ppid):
+    """The host died: the socket is readable with nothing in it (EOF), or we were
+    re-parented."""
+    if os.getppid() != ppid:
+        return True
+    r, _, _ = select.select([sock], [], [], 0)
+    if r:
+        try:
+            return sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+    return False
+
+
+@cocotb.test()
+async def serve(dut):
+    p = params()
+    cfg = AcceleratorConfig.from_dict(p["config"])
+    sock = socket.socket(fileno=int(os.environ["DNNFAB_RTL_FD"]))
+    ppid = int(os.environ.get("DNNFAB_RTL_PPID", os.getppid()))
+    host = await setup(dut, cfg, int(p["dram_bytes"]))
+    dram, axil = host.dram, host.axil
+    t_start = host.cycle
+    busy_wall = [0.0]
+
+    async def wait(cycles):
+        """(True, cycles) at the interrupt's rising edge, (False, cycles) after ``cycles``."""
+        t0 = host.cycle
+        if int(dut.irq.value):
+            return True, 0
+        left = int(cycles)
+        w0 = time.monotonic()
+        try:
+            while left > 0:
+                n = min(left, CHUNK)
+                edge = RisingEdge(dut.irq)
+                fired = await First(edge, Timer(n * CLOCK_NS, "ns"))
+                if isinstance(fired, RisingEdge):
+                    await RisingEdge(host.clk)
+                    return True, host.cycle - t0
+                left -= n
+                if _host_gone(sock, ppid):
+                    raise SystemExit("host gone")
+            return False, host.cycle - t0
+        finally:
+            busy_wall[0] += time.monotonic() - w0
+
+    async def state():
+        line = host.dump_state()
+        bad = dram.protocol_error()
+        return line + (f"; {bad}" if bad else "")
+
+    async def hard_reset():
+        dut.rst.value = 1
+        await ClockCycles(host.clk, 5)
+        dut.rst.value = 0
+        await ClockCycles(host.clk, 5)
+        dram.clear_faults()
+
+    async def rd(off):
+        return int(await axil.read_dword(off))
+
+    async def wr(off, value):
+        await axil.write_dword(off, value & 0xFFFFFFFF)
+
+    async def dram_w(addr, data):
+        await dram.load([(addr, data)])
+
+    async def dram_r(addr, n):
+        return await dram.read(addr, n)
+
+    async def sync(fn):
+        return fn
+
+    handlers = {
+        "rd": rd, "wr": wr, "dram_w": dram_w, "dram_r": dram_r, "wait": wait, "state": state,
+        "hard_reset": hard_reset,
+        "time": lambda: sync((host.cycle - t_start, busy_wall[0])),
+        "fail_reads": lambda addr=None, beat=None: sync(dram.fail_reads(addr, beat)),
+        "fail_writes": lambda addr=None, burst=None: sync(dram.fail_writes(addr, burst)),
+        "clear_faults": lambda: sync(dram.clear_faults()),
+        "counters": lambda: sync(dram.counters()),
+    }
+    send_msg(sock, ("ready", host.cycle))
+    while True:
+        try:
+            msg = recv_msg(sock)
+        except (EOFError, OSError):
+            return                          # the host closed the socket or died
+        op, args = msg[0], msg[1:]
+        if op == "close":
+            send_msg(sock, ("ok", None))
+            return
+        try:
+            out = await handlers[op](*args)
+            reply = ("ok", out)
+        except SystemExit:
+            return
+        except Exception as exc:            # noqa: BLE001 - reported to the host
+            reply = ("err", type(exc).__name__, str(exc))
+        try:
+            send_msg(sock, reply)
+        except OSError:
+            return
