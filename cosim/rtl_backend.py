@@ -119,12 +119,15 @@ class RtlBackend(Backend):
     build capacity a larger memory is built); ``waves`` a waveform-recording build (VCD /
     FST in the run directory) from simulated time ``waves_from_ns`` on; ``run_dir`` where
     the simulator runs (default: a fresh directory under the build's ``runs/``, removed on
-    :meth:`close` unless ``keep_run_dir``)."""
+    :meth:`close` unless ``keep_run_dir``); ``axil`` the register bus master:
+    ``"lean"`` (:class:`~dnnfab.cosim.tb_rtl.AxiLiteHost`, a few clock edges of Python per
+    access) or ``"cocotbext"`` (cocotbext-axi's ``AxiLiteMaster``, ~1 ms per access)."""
 
     name = "rtl"
 
     def __init__(self, cfg: AcceleratorConfig, sim="verilator", dram_bytes=16 << 20, waves=False,
-                 waves_from_ns=0, run_dir=None, keep_run_dir=False, options=None, start_timeout_s=600):
+                 waves_from_ns=0, run_dir=None, keep_run_dir=False, options=None, start_timeout_s=600,
+                 axil="lean"):
         from . import runner
         from .dram import accel_target, DEFAULT_CAPACITY
         self.cfg = cfg
@@ -139,6 +142,7 @@ class RtlBackend(Backend):
         self._lock = threading.Lock()
         self._diagnosis = ""
         self.launches = 0
+        self.stats = {}             # request -> [count, wall seconds] (host side, round trips)
         sources, top, build_kw = accel_target(cfg, sim, capacity=capacity)
         host, child = socket.socketpair()
         self._sock = host
@@ -149,12 +153,17 @@ class RtlBackend(Backend):
         self._keep = keep_run_dir
         main = threading.current_thread() is threading.main_thread()
         t0 = time.monotonic()
+        self.times = {"start": time.time()}
         try:
             proc, build_dir, built, build_s, log = runner.spawn(
                 sources, top, "dnnfab.cosim.tb_rtl", self.run_dir, sim=sim,
-                params={"config": cfg.to_dict(), "dram_bytes": size}, testcase="serve", waves=waves,
+                params={"config": cfg.to_dict(), "dram_bytes": size, "cocotbext_axil": axil == "cocotbext"},
+                testcase="serve", waves=waves,
                 extra_env={"DNNFAB_RTL_FD": str(child.fileno()), "DNNFAB_RTL_PPID": str(os.getpid()),
-                           "DNNFAB_TRACE_FROM_NS": str(int(waves_from_ns))},
+                           "DNNFAB_TRACE_FROM_NS": str(int(waves_from_ns)),
+                           # no pytest assertion rewriting of every imported module (numpy
+                           # included: ~3 s of the simulator's start), no pytest plugins
+                           "COCOTB_REWRITE_ASSERTION_FILES": "", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
                 pass_fds=(child.fileno(),), preexec_fn=_pdeathsig if main else None, **build_kw)
         except BaseException:
             host.close()
@@ -163,6 +172,7 @@ class RtlBackend(Backend):
         finally:
             pass
         child.close()
+        self.times["spawned"] = time.time()
         self.proc, self.build_dir, self.built, self.build_s, self.log = proc, build_dir, built, build_s, log
         self.pid = proc.pid
         self.closed = False
@@ -179,6 +189,7 @@ class RtlBackend(Backend):
             self._kill()
             raise ToolchainError(f"the {sim} simulator answered {msg!r} on start; see {log}")
         self.start_s = time.monotonic() - t0
+        self.times.update(msg[2] if len(msg) > 2 else {})
         self.waves = self._wave_file() if waves else None
 
     # -- the request channel ---------------------------------------------------------
@@ -186,9 +197,13 @@ class RtlBackend(Backend):
         if self.closed:
             raise FabricError("the RTL backend is closed; open a new device")
         with self._lock:
+            t0 = time.perf_counter()
             try:
                 send_msg(self._sock, req)
                 reply = recv_msg(self._sock)
+                st = self.stats.setdefault(req[0], [0, 0.0])
+                st[0] += 1
+                st[1] += time.perf_counter() - t0
             except (EOFError, OSError) as exc:
                 code = self.proc.poll()
                 self._kill()
@@ -204,6 +219,12 @@ class RtlBackend(Backend):
 
     def write_reg(self, offset, value):
         self._call("wr", int(offset), int(value))
+
+    def read_regs(self, offsets):
+        return self._call("rds", [int(o) for o in offsets])
+
+    def write_regs(self, items):
+        self._call("wrs", [(int(o), int(v)) for o, v in items])
 
     def allocate(self, nbytes, align=4096):
         addr = -(-self._next // align) * align

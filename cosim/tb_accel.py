@@ -45,7 +45,7 @@ GUARD = 0xA5
 
 
 class Host:
-    def __init__(self, dut, cfg, mem_size):
+    def __init__(self, dut, cfg, mem_size, axil=None):
         self.dut = dut
         self.cfg = cfg
         self.regs = accelerator_regmap(cfg)
@@ -53,7 +53,9 @@ class Host:
         self.dram = open_dram(dut, cfg, mem_size, self.clk)
         # the accelerator: instance ``accel`` of dnnfab_tb_top (or the top itself)
         self.acc = dut.accel if hasattr(dut, "accel") else dut
-        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil_"), self.clk, dut.rst)
+        # the AXI4-Lite master: cocotbext-axi's, unless the caller brings its own
+        # (``read_dword`` / ``write_dword``, e.g. cosim/tb_rtl.py's)
+        self.axil = axil or AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil_"), self.clk, dut.rst)
 
     @property
     def cycle(self):
@@ -139,9 +141,9 @@ class Host:
         return status, t1 - t0
 
 
-async def setup(dut, cfg, mem_size):
+async def setup(dut, cfg, mem_size, axil=None):
     dut.rst.value = 1
-    host = Host(dut, cfg, mem_size)
+    host = Host(dut, cfg, mem_size, axil(dut) if axil else None)
     # the clock in the GPI layer (C), not a Python task toggling it; the first rising edge
     # at half a period, after the reset and the bus models' initial values are applied
     cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns", impl="gpi").start(start_high=False))

@@ -7,8 +7,9 @@ reply. While the test waits for a request, simulated time stands still (the coro
 blocks the simulator in ``recv``): the accelerator sees a host that is infinitely fast
 between bus transactions, and no Python runs per cycle. Requests:
 
-* ``rd off`` / ``wr off value``: one AXI4-Lite read / write transaction
-  (cocotbext-axi's ``AxiLiteMaster`` on ``s_axil__*``);
+* ``rd off`` / ``wr off value``: one AXI4-Lite read / write transaction on
+  ``s_axil__*`` (:class:`AxiLiteHost`, or cocotbext-axi's ``AxiLiteMaster``);
+  ``rds [off, ...]`` / ``wrs [(off, value), ...]``: several, in order, one reply;
 * ``dram_w addr bytes`` / ``dram_r addr n``: one bulk load (``$readmemh``) / dump
   (``$writememh``) of the Verilog DRAM (:class:`~dnnfab.cosim.dram.VerilogDram`);
 * ``wait cycles``: simulate until the interrupt's rising edge or ``cycles`` clock
@@ -37,8 +38,85 @@ from dnnfab.cosim.rtl_backend import recv_msg, send_msg
 from dnnfab.cosim.tb_accel import setup
 from dnnfab.hw.config import AcceleratorConfig
 
+_T_IMPORT = time.time()
+
 #: cycles simulated between two checks that the host process is alive
 CHUNK = 1 << 17
+
+
+class AxiLiteHost:
+    """A lean AXI4-Lite master on ``s_axil__*``: one coroutine per transaction, no
+    background tasks (cocotbext-axi's master costs ~1 ms of Python per register access; this
+    one a few clock edges). Signals change only at falling edges; whether a handshake
+    happens at the next rising edge is read in the ReadOnly phase after the change (the
+    slave's ready/valid as that edge will sample them). Valid is held until its handshake,
+    as AXI requires; every transaction returns at a falling edge."""
+
+    def __init__(self, dut):
+        self.d = dut
+        self.clk = dut.clk
+        for n in ("awvalid", "wvalid", "bready", "arvalid", "rready", "awaddr", "wdata", "araddr",
+                  "awprot", "arprot"):
+            getattr(dut, f"s_axil__{n}").value = 0
+        dut.s_axil__wstrb.value = 0xF
+
+    async def _fall(self):
+        from cocotb.triggers import FallingEdge
+        await FallingEdge(self.clk)
+
+    async def _sampled(self):
+        from cocotb.triggers import ReadOnly
+        await ReadOnly()
+
+    async def read_dword(self, addr):
+        d = self.d
+        await self._fall()
+        d.s_axil__araddr.value = addr
+        d.s_axil__arvalid.value = 1
+        d.s_axil__rready.value = 1
+        ar = False
+        while True:
+            await self._sampled()
+            ar_now = not ar and int(d.s_axil__arready.value)
+            r_now = int(d.s_axil__rvalid.value)
+            data, resp = (int(d.s_axil__rdata.value), int(d.s_axil__rresp.value)) if r_now else (0, 0)
+            await self._fall()                       # the rising edge in between took them
+            if ar_now:
+                ar = True
+                d.s_axil__arvalid.value = 0
+            if r_now and ar:
+                d.s_axil__rready.value = 0
+                if resp:
+                    raise IOError(f"AXI4-Lite read of {addr:#x}: RRESP {resp}")
+                return data
+
+    async def write_dword(self, addr, value):
+        d = self.d
+        await self._fall()
+        d.s_axil__awaddr.value = addr
+        d.s_axil__wdata.value = value
+        d.s_axil__awvalid.value = 1
+        d.s_axil__wvalid.value = 1
+        d.s_axil__bready.value = 1
+        aw = w = False
+        while True:
+            await self._sampled()
+            aw_now = not aw and int(d.s_axil__awready.value)
+            w_now = not w and int(d.s_axil__wready.value)
+            b_now = int(d.s_axil__bvalid.value)
+            resp = int(d.s_axil__bresp.value) if b_now else 0
+            await self._fall()
+            if aw_now:
+                aw = True
+                d.s_axil__awvalid.value = 0
+            if w_now:
+                w = True
+                d.s_axil__wvalid.value = 0
+            if b_now and aw and w:
+                d.s_axil__bready.value = 0
+                if resp:
+                    raise IOError(f"AXI4-Lite write of {addr:#x}: BRESP {resp}")
+                return
 
 
 def _host_gone(sock, ppid):
@@ -61,7 +139,8 @@ async def serve(dut):
     cfg = AcceleratorConfig.from_dict(p["config"])
     sock = socket.socket(fileno=int(os.environ["DNNFAB_RTL_FD"]))
     ppid = int(os.environ.get("DNNFAB_RTL_PPID", os.getppid()))
-    host = await setup(dut, cfg, int(p["dram_bytes"]))
+    t_test = time.time()
+    host = await setup(dut, cfg, int(p["dram_bytes"]), axil=None if p.get("cocotbext_axil") else AxiLiteHost)
     dram, axil = host.dram, host.axil
     t_start = host.cycle
     busy_wall = [0.0]
@@ -106,6 +185,13 @@ async def serve(dut):
     async def wr(off, value):
         await axil.write_dword(off, value & 0xFFFFFFFF)
 
+    async def rds(offs):
+        return [int(await axil.read_dword(o)) for o in offs]
+
+    async def wrs(items):
+        for o, v in items:
+            await axil.write_dword(o, v & 0xFFFFFFFF)
+
     async def dram_w(addr, data):
         await dram.load([(addr, data)])
 
@@ -116,7 +202,7 @@ async def serve(dut):
         return fn
 
     handlers = {
-        "rd": rd, "wr": wr, "dram_w": dram_w, "dram_r": dram_r, "wait": wait, "state": state,
+        "rd": rd, "wr": wr, "rds": rds, "wrs": wrs, "dram_w": dram_w, "dram_r": dram_r, "wait": wait, "state": state,
         "hard_reset": hard_reset,
         "time": lambda: sync((host.cycle - t_start, busy_wall[0])),
         "fail_reads": lambda addr=None, beat=None: sync(dram.fail_reads(addr, beat)),
@@ -124,7 +210,7 @@ async def serve(dut):
         "clear_faults": lambda: sync(dram.clear_faults()),
         "counters": lambda: sync(dram.counters()),
     }
-    send_msg(sock, ("ready", host.cycle))
+    send_msg(sock, ("ready", host.cycle, {"import": _T_IMPORT, "test": t_test, "ready": time.time()}))
     while True:
         try:
             msg = recv_msg(sock)

@@ -36,6 +36,16 @@ class Backend:
     def write_reg(self, offset: int, value: int) -> None:
         raise NotImplementedError
 
+    def read_regs(self, offsets) -> list:
+        """Several reads, in order (one bus transaction each); a backend with a slow
+        channel to the bus (the RTL simulator's socket) does them in one round trip."""
+        return [self.read_reg(o) for o in offsets]
+
+    def write_regs(self, items) -> None:
+        """Several ``(offset, value)`` writes, in order (see :meth:`read_regs`)."""
+        for o, v in items:
+            self.write_reg(o, v)
+
     def allocate(self, nbytes: int, align: int = 4096) -> int:
         """Reserve ``nbytes`` of device DRAM; returns the device (bus) address."""
         raise NotImplementedError

@@ -182,12 +182,11 @@ class Device:
     # -- running ------------------------------------------------------------------------
     def counters(self):
         """The 64-bit performance counters, by name (LO read first: it latches HI)."""
-        out = {}
-        for name in COUNTERS:
-            lo = int(getattr(self.regs, f"{name}_LO"))
-            hi = int(getattr(self.regs, f"{name}_HI"))
-            out[name.lower()] = (hi << 32) | lo
-        return out
+        rm = self.regmap
+        offs = [rm[f"{name}_{half}"].offset for name in COUNTERS for half in ("LO", "HI")]
+        vals = self.backend.read_regs(offs)           # in order: each LO before its HI
+        return {name.lower(): (int(vals[2 * i + 1]) << 32) | int(vals[2 * i])
+                for i, name in enumerate(COUNTERS)}
 
     def run(self, program: Program, timeout_s=10.0):
         """Launch ``program`` and wait for it; returns the performance counters.
@@ -200,13 +199,11 @@ class Device:
         if regs.STATUS.BUSY:
             raise FabricError("the accelerator is still busy with an earlier launch; call "
                               "dev.reset() first")
-        regs.IRQ_STATUS = 0x3
-        regs.IRQ_ENABLE = 0x3
-        regs.PROG_BASE = program.addr
-        regs.PROG_LEN = program.count
-        regs.OUT_LO = program.out_lo
-        regs.OUT_HI = program.out_hi
-        regs.CTRL = 0x1
+        rm = self.regmap
+        self.backend.write_regs([(rm[n].offset, v) for n, v in (
+            ("IRQ_STATUS", 0x3), ("IRQ_ENABLE", 0x3), ("PROG_BASE", program.addr),
+            ("PROG_LEN", program.count), ("OUT_LO", program.out_lo), ("OUT_HI", program.out_hi),
+            ("CTRL", 0x1))])
         ok = self.backend.wait_irq(timeout_s)
         status = regs.STATUS
         counters = self.counters()
