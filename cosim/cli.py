@@ -110,14 +110,16 @@ def cmd_cosim_network(args, cfg):
     from .network import cosim_network, table
     from . import runner
     runner.check_simulator(args.sim)
-    print(f"dnnfab: {args.sim}: the accelerator {cfg.rows}x{cfg.cols} (a fresh build takes a few "
-          f"minutes, a cached one seconds; cache {runner.cache_root() / 'cosim'})", file=sys.stderr, flush=True)
+    if args.first_layers is not None and args.first_layers < 1:
+        raise ConfigError(f"--first-layers {args.first_layers}: run at least one layer (--first-layers 1 or more)")
     s = cosim_network(args.model, cfg, sim=args.sim, samples=args.samples, waves=args.waves,
-                      progress=not args.json or sys.stderr.isatty())
+                      max_launches=args.first_layers,
+                      progress=not args.json or sys.stderr.isatty(),
+                      note=lambda text: print(f"dnnfab: {text}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(s, indent=2))
     else:
-        print(f"cosim {s['model']} on {cfg.rows}x{cfg.cols} {args.sim}: "
+        print(f"cosim {s['model']}{' (first layers)' if s['partial'] else ''} on {cfg.rows}x{cfg.cols} {args.sim}: "
               f"{'BIT-EXACT' if s['bit_exact'] else 'MISMATCH'} vs the integer reference "
               f"({s['samples']} sample{'s' * (s['samples'] != 1)}: {s['inputs']})")
         _print_table(table(s))
@@ -204,6 +206,8 @@ def register(sub):
     add_config_args(p)
     p.add_argument("--sim", default="verilator", help="verilator (default) or icarus")
     p.add_argument("--samples", type=int, default=1, help="MODEL: inputs to run (default 1)")
+    p.add_argument("--first-layers", type=int, default=None, metavar="N",
+                   help="MODEL: only the first N fabric layers (a large model's start)")
     p.add_argument("--top", default="accelerator", choices=("accelerator", "array"))
     p.add_argument("--layer", default="16,16,3,1,1,8,8",
                    help="accelerator: conv layer cin,cout,k,stride,pad,h,w (default 16,16,3,1,1,8,8)")

@@ -148,9 +148,12 @@ def _replay_waves(qg, cfg, sim, feed, ref, launch, from_cycle, until_cycle):
 
 
 def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=True, options=None,
-                  input_shapes=()):
+                  input_shapes=(), note=None, max_launches=None):
     """Run ``model`` (zoo name or ONNX path) on the RTL; returns the summary dict (see the
-    module docstring and ``dnnfab cosim --help``)."""
+    module docstring and ``dnnfab cosim --help``); ``note(text)`` is told before the
+    simulator is built / started (every input check is done by then). ``max_launches``:
+    stop after that many fabric launches (a large model's first layers; the record then
+    lists only the fabric layers run, ``partial`` true)."""
     import dnnfab
     from . import runner
     from ..sw.cpu.options import Options
@@ -162,13 +165,16 @@ def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=
     check_run_config(cfg, cli=True)
     runner.check_simulator(sim)
     if samples < 1:
-        raise DnnfabError(f"--samples {samples}: run at least one sample")
+        raise DnnfabError(f"--samples {samples}: run at least one sample (--samples 1 or more)")
     options = options or Options.from_env()
     g = load_for_cli(model, input_shape_specs=input_shapes)
     zoo = _zoo_name(model)
     calib, xs, _, desc = _data_for(zoo, model, g, samples, None, None)
     qg = dnnfab.quantize(g, calibration=calib)
     sess = _session(qg, cfg, sim, options=options)
+    if note is not None:
+        note(f"{sim}: the {cfg.rows}x{cfg.cols} accelerator (a fresh build takes a few minutes, a "
+             f"cached one seconds; cache {runner.cache_root() / 'cosim'})")
     t0 = time.monotonic()
     net = sess.compile()
     be = sess.dev.backend
@@ -197,9 +203,16 @@ def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=
         req0 = {k: list(v) for k, v in be.stats.items()}
         t_run = time.monotonic()
         for i, (feed, ref) in enumerate(zip(xs, refs)):
-            checker = _Checker(sess, ref, progress=tick)
+            checker = _Checker(sess, ref, progress=tick,
+                               stop_after=None if max_launches is None else max_launches - 1)
             sess.on_run = checker
-            out = sess.run_int(feed)
+            try:
+                out = sess.run_int(feed)
+            except _StopReplay:
+                per_sample.append((checker, {}, True, None, list(sess.faults)))
+                if checker.failed_launch is not None:
+                    failure = (i, feed, ref, checker)
+                break
             env = sess.last_env
             cpu_diff = {}
             for L in qg.layers:
@@ -222,6 +235,9 @@ def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=
             bar.close()
         sess.close()
     checker, cpu_diff, outputs_exact, prof, faults = per_sample[0]
+    partial = prof is None
+    if partial:                          # the first fabric layers only
+        prof = [{"name": n, "op": net.layers[n].op} for n in checker.records]
     ops = {L.name: L.describe_op() for L in g.layers}
     layers = []
     for r in prof:
@@ -262,7 +278,8 @@ def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=
         "sim_cycles_per_s": round(sim_cycles / max(sim_s, 1e-9)),
         "sim_wait_cycles_per_s": round(sim_cycles / max(wait_s, 1e-9)) if wait_s else None,
         "inference_cycles_per_s": round(sim_cycles / max(run_s, 1e-9)),
-        "launches": len(net.runs) * len(xs),
+        "launches": sum(len(c.launch_end) for c, *_ in per_sample),
+        "partial": partial,
         "host_requests": {k: {"n": v[0], "s": round(v[1], 4)} for k, v in sorted(reqs.items())},
         "build": {"built": bool(be.built), "build_s": round(be.build_s, 2), "start_s": round(be.start_s, 2),
                   "build_dir": str(be.build_dir)},
