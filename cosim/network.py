@@ -85,10 +85,32 @@ class _Checker:
         self.stop_after = stop_after
         self.failed_launch = None
 
+    def _compare(self, rec, layer, name, got, channel_last):
+        want = self.ref.cl(name) if channel_last else self.ref.lg(name)
+        diff = first_difference(got, want)
+        rec["bit_exact"] = diff is None
+        if diff is not None:
+            rec["first_diff"] = diff
+            rec["state"] = self.sess.dev.backend.state()
+            self._failed(self.sess.net.layers[layer].run)
+
+    def _failed(self, launch):
+        """Keep the earliest failing launch (read-back checks run after the inference)."""
+        self.failed_launch = launch if self.failed_launch is None else min(self.failed_launch, launch)
+
+    def check_read_back(self, env):
+        """Compare the fabric outputs the session read back itself (its tensors ``env``)."""
+        net = self.sess.net
+        for n, rec in self.records.items():
+            name = rec.pop("later", None)
+            if name is not None:
+                conv = net.tensors[net.produces[n]].kind == "conv"
+                self._compare(rec, n, name, env.cl(name) if conv else env.lg(name), conv)
+
     def __call__(self, run, counters, error):
         sess = self.sess
         net, be = sess.net, sess.dev.backend
-        self.launch_end.append(be.sim_cycles())
+        self.launch_end.append(be.wait_end_cycle)
         for n in run.layers:
             rec = {"cycles": None, "bit_exact": False, "first_diff": None, "error": "", "state": ""}
             if error is not None:
@@ -97,18 +119,17 @@ class _Checker:
             else:
                 rec["cycles"] = int(counters["cycles"]) if len(run.layers) == 1 else None
                 b = net.produces[n]
-                t = net.tensors[b]
-                got = t.unpack(sess.dev.read(t.addr, t.size))
-                name = _tensor_of(b)
-                want = self.ref.cl(name) if t.kind == "conv" else self.ref.lg(name)
-                diff = first_difference(got, want)
-                rec["bit_exact"] = diff is None
-                if diff is not None:
-                    rec["first_diff"] = diff
-                    rec["state"] = be.state()
+                if b in run.outputs and self.stop_after is None:
+                    # the session reads this buffer back itself (for a CPU layer or the
+                    # caller): checked from its tensors after the inference (check_read_back)
+                    rec["later"] = _tensor_of(b)
+                else:
+                    t = net.tensors[b]
+                    got = t.unpack(sess.dev.read(t.addr, t.size))
+                    self._compare(rec, n, _tensor_of(b), got, t.kind == "conv")
             self.records[n] = rec
-            if (rec["error"] or not rec["bit_exact"]) and self.failed_launch is None:
-                self.failed_launch = run.index
+            if rec["error"]:
+                self._failed(run.index)
         if self.progress is not None:
             self.progress(run, counters)
         if self.stop_after is not None and run.index >= self.stop_after:
@@ -189,7 +210,7 @@ def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=
 
     def tick(run, counters):
         if bar is not None:
-            cyc = be.sim_cycles() - state["c0"]
+            cyc = be.wait_end_cycle - state["c0"]
             dt = max(1e-9, time.monotonic() - state["t0"])
             bar.set_postfix_str(f"{cyc:,} cycles, {cyc / dt:,.0f} cycles/s")
             bar.update(len(run.layers))
@@ -214,6 +235,9 @@ def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=
                     failure = (i, feed, ref, checker)
                 break
             env = sess.last_env
+            checker.check_read_back(env)
+            if failure is None and checker.failed_launch is not None:
+                failure = (i, feed, ref, checker)
             cpu_diff = {}
             for L in qg.layers:
                 if L.name not in checker.records:

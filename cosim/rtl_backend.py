@@ -143,6 +143,7 @@ class RtlBackend(Backend):
         self._diagnosis = ""
         self.launches = 0
         self.stats = {}             # request -> [count, wall seconds] (host side, round trips)
+        self.wait_end_cycle = 0     # simulated cycle at which the last wait_irq ended
         sources, top, build_kw = accel_target(cfg, sim, capacity=capacity)
         host, child = socket.socketpair()
         self._sock = host
@@ -242,7 +243,7 @@ class RtlBackend(Backend):
 
     def wait_irq(self, timeout_s):
         cycles = max(1, int(round(timeout_s * self.cfg.clock_mhz * 1e6)))
-        fired, _ = self._call("wait", cycles)
+        fired, _, self.wait_end_cycle = self._call("wait", cycles)
         self.launches += 1
         self._diagnosis = "" if fired else self._call("state")
         return fired

@@ -60,6 +60,19 @@ class AxiLiteHost:
             getattr(dut, f"s_axil__{n}").value = 0
         dut.s_axil__wstrb.value = 0xF
 
+    _at = None          # simulated time (steps) at which the last transaction returned
+
+    async def _start(self):
+        """Be at a falling edge: the one the last transaction returned at, if no time has
+        passed since (back-to-back transactions), else the next."""
+        from cocotb.utils import get_sim_time
+        if self._at is None or get_sim_time("step") != self._at:
+            await self._fall()
+
+    def _done(self):
+        from cocotb.utils import get_sim_time
+        self._at = get_sim_time("step")
+
     async def _fall(self):
         from cocotb.triggers import FallingEdge
         await FallingEdge(self.clk)
@@ -70,7 +83,7 @@ class AxiLiteHost:
 
     async def read_dword(self, addr):
         d = self.d
-        await self._fall()
+        await self._start()
         d.s_axil__araddr.value = addr
         d.s_axil__arvalid.value = 1
         d.s_axil__rready.value = 1
@@ -86,13 +99,14 @@ class AxiLiteHost:
                 d.s_axil__arvalid.value = 0
             if r_now and ar:
                 d.s_axil__rready.value = 0
+                self._done()
                 if resp:
                     raise IOError(f"AXI4-Lite read of {addr:#x}: RRESP {resp}")
                 return data
 
     async def write_dword(self, addr, value):
         d = self.d
-        await self._fall()
+        await self._start()
         d.s_axil__awaddr.value = addr
         d.s_axil__wdata.value = value
         d.s_axil__awvalid.value = 1
@@ -114,6 +128,7 @@ class AxiLiteHost:
                 d.s_axil__wvalid.value = 0
             if b_now and aw and w:
                 d.s_axil__bready.value = 0
+                self._done()
                 if resp:
                     raise IOError(f"AXI4-Lite write of {addr:#x}: BRESP {resp}")
                 return
@@ -146,10 +161,11 @@ async def serve(dut):
     busy_wall = [0.0]
 
     async def wait(cycles):
-        """(True, cycles) at the interrupt's rising edge, (False, cycles) after ``cycles``."""
+        """(True, cycles, now) at the interrupt's rising edge, (False, cycles, now) after
+        ``cycles`` (now: simulated cycles since the start)."""
         t0 = host.cycle
         if int(dut.irq.value):
-            return True, 0
+            return True, 0, t0 - t_start
         left = int(cycles)
         w0 = time.monotonic()
         try:
@@ -159,11 +175,11 @@ async def serve(dut):
                 fired = await First(edge, Timer(n * CLOCK_NS, "ns"))
                 if isinstance(fired, RisingEdge):
                     await RisingEdge(host.clk)
-                    return True, host.cycle - t0
+                    return True, host.cycle - t0, host.cycle - t_start
                 left -= n
                 if _host_gone(sock, ppid):
                     raise SystemExit("host gone")
-            return False, host.cycle - t0
+            return False, host.cycle - t0, host.cycle - t_start
         finally:
             busy_wall[0] += time.monotonic() - w0
 

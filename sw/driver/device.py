@@ -182,11 +182,17 @@ class Device:
     # -- running ------------------------------------------------------------------------
     def counters(self):
         """The 64-bit performance counters, by name (LO read first: it latches HI)."""
+        return self._status_and_counters(False)[1]
+
+    def _status_and_counters(self, status=True):
+        """(STATUS or None, counters): one ``read_regs`` (STATUS first, then each counter's
+        LO before its HI)."""
         rm = self.regmap
         offs = [rm[f"{name}_{half}"].offset for name in COUNTERS for half in ("LO", "HI")]
-        vals = self.backend.read_regs(offs)           # in order: each LO before its HI
-        return {name.lower(): (int(vals[2 * i + 1]) << 32) | int(vals[2 * i])
-                for i, name in enumerate(COUNTERS)}
+        vals = self.backend.read_regs(([rm["STATUS"].offset] if status else []) + offs)
+        st = RegValue(vals.pop(0), rm["STATUS"]) if status else None
+        return st, {name.lower(): (int(vals[2 * i + 1]) << 32) | int(vals[2 * i])
+                    for i, name in enumerate(COUNTERS)}
 
     def run(self, program: Program, timeout_s=10.0):
         """Launch ``program`` and wait for it; returns the performance counters.
@@ -205,8 +211,7 @@ class Device:
             ("PROG_LEN", program.count), ("OUT_LO", program.out_lo), ("OUT_HI", program.out_hi),
             ("CTRL", 0x1))])
         ok = self.backend.wait_irq(timeout_s)
-        status = regs.STATUS
-        counters = self.counters()
+        status, counters = self._status_and_counters()
         if not ok:
             why = self.backend.diagnose()
             raise FabricTimeout(
