@@ -7,7 +7,8 @@
 For every model (``NAME`` or ``NAME:N`` for its first N fabric layers, ``--first-layers``)
 the command ``python -m dnnfab.cli cosim NAME --json [--first-layers N] [config]`` runs
 once to warm the build and compile caches (not counted), then ``--repeat`` times; the
-fastest run is reported (the machine is shared): the command's wall time (process start
+fastest run is reported (the machine is shared), with the best and the median speed of
+the runs (the target is judged on the median): the command's wall time (process start
 to exit: Python start, model load, quantization, cached compile and build, simulator
 start, the inference, the checks), the simulated cycles, and cycles per second three ways
 (``sim_cycles_per_s``: per wall second spent waiting for the simulator, the co-simulation
@@ -73,6 +74,8 @@ def main(argv=None):
             "sim_cycles_per_s": s["sim_cycles_per_s"], "sim_wait_cycles_per_s": s["sim_wait_cycles_per_s"],
             "inference_cycles_per_s": s["inference_cycles_per_s"],
             "sim_cycles_per_s_runs": [r[1]["sim_cycles_per_s"] for r in runs],
+            "sim_cycles_per_s_best": max(r[1]["sim_cycles_per_s"] for r in runs),
+            "sim_cycles_per_s_median": sorted(r[1]["sim_cycles_per_s"] for r in runs)[len(runs) // 2],
             "launches": s["launches"], "host_requests": s["host_requests"],
             "max_model_error": max((abs(x.get("model_error", 0.0)) for x in s["layers"]), default=0.0),
             "layers": [{k: x[k] for k in ("name", "op", "target", "macs", "cycles", "model_cycles",
@@ -89,7 +92,8 @@ def main(argv=None):
         "benchmark": "dnnfab cosim MODEL --json, warm build and compile caches (issue 18)",
         "machine": {"cpus": os.cpu_count(), "loadavg_after": [round(v, 2) for v in os.getloadavg()]},
         "target_sim_cycles_per_s": TARGET,
-        "digits_cnn_target_met": (digits["sim_cycles_per_s"] >= TARGET) if digits else None,
+        "digits_cnn_target_met": (digits["sim_cycles_per_s_median"] >= TARGET) if digits else None,
+        "digits_cnn_target_met_best_run": (digits["sim_cycles_per_s_best"] >= TARGET) if digits else None,
         "all_bit_exact": all(r["bit_exact"] for r in results),
         "results": results,
     }
