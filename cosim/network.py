@@ -181,7 +181,6 @@ def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=
     from ..sw.runtime.cli import load_for_cli
     from ..sw.runtime.network import check_run_config
     from ..sw.runtime.runcli import _data_for, _zoo_name
-    from ..sw.cpu.reference import run_layer  # noqa: F401  (the reference the checks use)
     t_all = time.monotonic()
     check_run_config(cfg, cli=True)
     runner.check_simulator(sim)

@@ -119,7 +119,9 @@ class RtlBackend(Backend):
     build capacity a larger memory is built); ``waves`` a waveform-recording build (VCD /
     FST in the run directory) from simulated time ``waves_from_ns`` on; ``run_dir`` where
     the simulator runs (default: a fresh directory under the build's ``runs/``, removed on
-    :meth:`close` unless ``keep_run_dir``); ``axil`` the register bus master:
+    :meth:`close` unless ``keep_run_dir`` or ``waves``); ``options`` is accepted and
+    ignored (the session passes the CPU side's Options to every backend); ``axil`` the
+    register bus master:
     ``"lean"`` (:class:`~dnnfab.cosim.tb_rtl.AxiLiteHost`, a few clock edges of Python per
     access) or ``"cocotbext"`` (cocotbext-axi's ``AxiLiteMaster``, ~1 ms per access)."""
 
@@ -170,8 +172,6 @@ class RtlBackend(Backend):
             host.close()
             child.close()
             raise
-        finally:
-            pass
         child.close()
         self.times["spawned"] = time.time()
         self.proc, self.build_dir, self.built, self.build_s, self.log = proc, build_dir, built, build_s, log
@@ -288,10 +288,8 @@ class RtlBackend(Backend):
         self._call("hard_reset")
 
     def _wave_file(self):
-        for name in ("dump.vcd", "dump.fst", "dnnfab_tb_top.fst"):
-            if (self.run_dir / name).exists() or self.sim == "verilator" and name == "dump.vcd":
-                return self.run_dir / name
-        return self.run_dir / "dump.fst"
+        """Where the waveform goes: cocotb's Verilator main writes VCD, Icarus FST."""
+        return self.run_dir / ("dump.vcd" if self.sim == "verilator" else "dump.fst")
 
     # -- lifetime --------------------------------------------------------------------
     def _kill(self):

@@ -103,7 +103,7 @@ def test_device_buffers_sync_through_the_simulated_dram():
 def test_faults_are_typed_and_the_device_recovers():
     """SLVERR on a DMA read beat and on a write, an illegal instruction, a program that
     never finishes: each a typed error within the (simulated) timeout, then dev.reset()
-    and a clean bit-exact run on the same simulator."""
+    and a clean bit-exact run on the same simulator; then the top's hard reset."""
     layer, x, prog = _layer(3)
     cfg = CFG_SMALL
     with driver.open("rtl", cfg, dram_bytes=1 << 20) as dev:
@@ -157,6 +157,10 @@ def test_faults_are_typed_and_the_device_recovers():
         assert e.value.status & 1 and "controller" in str(e.value)      # BUSY; the hang report
         dev.reset()
         assert not dev.regs.STATUS.BUSY
+        clean()
+        # the top's reset: the whole accelerator restarts, the DRAM keeps its contents
+        be.hard_reset()
+        assert dev.regs.ID == 0x444E4E46 and not dev.regs.STATUS.DONE
         clean()
 
 
