@@ -169,12 +169,13 @@ def _replay_waves(qg, cfg, sim, feed, ref, launch, from_cycle, until_cycle):
 
 
 def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=True, options=None,
-                  input_shapes=(), note=None, max_launches=None):
+                  input_shapes=(), note=None, max_launches=None, backend_options=None):
     """Run ``model`` (zoo name or ONNX path) on the RTL; returns the summary dict (see the
     module docstring and ``dnnfab cosim --help``); ``note(text)`` is told before the
     simulator is built / started (every input check is done by then). ``max_launches``:
     stop after that many fabric launches (a large model's first layers; the record then
-    lists only the fabric layers run, ``partial`` true)."""
+    lists only the fabric layers run, ``partial`` true). ``backend_options``: more keyword
+    arguments of the rtl backend (e.g. ``{"axil": "lean"}``)."""
     import dnnfab
     from . import runner
     from ..sw.cpu.options import Options
@@ -191,7 +192,7 @@ def cosim_network(model, cfg, sim="verilator", samples=1, waves=False, progress=
     zoo = _zoo_name(model)
     calib, xs, _, desc = _data_for(zoo, model, g, samples, None, None)
     qg = dnnfab.quantize(g, calibration=calib)
-    sess = _session(qg, cfg, sim, options=options)
+    sess = _session(qg, cfg, sim, backend_options, options=options)
     if note is not None:
         note(f"{sim}: the {cfg.rows}x{cfg.cols} accelerator (a fresh build takes a few minutes, a "
              f"cached one seconds; cache {runner.cache_root() / 'cosim'})")

@@ -121,15 +121,17 @@ class RtlBackend(Backend):
     the simulator runs (default: a fresh directory under the build's ``runs/``, removed on
     :meth:`close` unless ``keep_run_dir`` or ``waves``); ``options`` is accepted and
     ignored (the session passes the CPU side's Options to every backend); ``axil`` the
-    register bus master:
-    ``"lean"`` (:class:`~dnnfab.cosim.tb_rtl.AxiLiteHost`, a few clock edges of Python per
-    access) or ``"cocotbext"`` (cocotbext-axi's ``AxiLiteMaster``, ~1 ms per access)."""
+    register bus master: ``"verilog"`` (``dnnfab_axil_host`` in the simulated top,
+    cosim/models/axil_host.v: a batch of accesses per request, no Python per cycle; its
+    own build of the top), ``"lean"`` (:class:`~dnnfab.cosim.tb_rtl.AxiLiteHost`, Python
+    at a few clock edges per access, the accelerator testbench's build) or ``"cocotbext"``
+    (cocotbext-axi's ``AxiLiteMaster``, ~1 ms per access)."""
 
     name = "rtl"
 
     def __init__(self, cfg: AcceleratorConfig, sim="verilator", dram_bytes=16 << 20, waves=False,
                  waves_from_ns=0, run_dir=None, keep_run_dir=False, options=None, start_timeout_s=600,
-                 axil="lean"):
+                 axil="verilog"):
         from . import runner
         from .dram import accel_target, DEFAULT_CAPACITY
         self.cfg = cfg
@@ -146,7 +148,10 @@ class RtlBackend(Backend):
         self.launches = 0
         self.stats = {}             # request -> [count, wall seconds] (host side, round trips)
         self.wait_end_cycle = 0     # simulated cycle at which the last wait_irq ended
-        sources, top, build_kw = accel_target(cfg, sim, capacity=capacity)
+        if axil not in ("verilog", "lean", "cocotbext"):
+            raise ConfigError(f"unknown AXI4-Lite master {axil!r}; use verilog, lean or cocotbext")
+        sources, top, build_kw = accel_target(cfg, sim, capacity=capacity,
+                                              axil="verilog" if axil == "verilog" else "ports")
         host, child = socket.socketpair()
         self._sock = host
         if run_dir is None:
@@ -160,7 +165,7 @@ class RtlBackend(Backend):
         try:
             proc, build_dir, built, build_s, log = runner.spawn(
                 sources, top, "dnnfab.cosim.tb_rtl", self.run_dir, sim=sim,
-                params={"config": cfg.to_dict(), "dram_bytes": size, "cocotbext_axil": axil == "cocotbext"},
+                params={"config": cfg.to_dict(), "dram_bytes": size, "axil": axil},
                 testcase="serve", waves=waves,
                 extra_env={"DNNFAB_RTL_FD": str(child.fileno()), "DNNFAB_RTL_PPID": str(os.getpid()),
                            "DNNFAB_TRACE_FROM_NS": str(int(waves_from_ns)),

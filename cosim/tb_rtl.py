@@ -25,6 +25,7 @@ Errors in a request are returned to the host as ``("err", type, message)``.
 """
 
 import os
+import re
 import select
 import socket
 import time
@@ -42,6 +43,80 @@ _T_IMPORT = time.time()
 
 #: cycles simulated between two checks that the host process is alive
 CHUNK = 1 << 17
+
+
+class VerilogAxilHost:
+    """Register transactions run by ``dnnfab_axil_host`` inside the simulated top
+    (cosim/models/axil_host.v): a batch of reads and writes is one command (up to
+    ``AXIL_PORT_OPS`` through its ports, a longer one through a file); the call returns
+    when the master drops ``busy`` after the last response. No Python runs per clock cycle
+    of a register access."""
+
+    OPS, RES = "dnnfab_axil_ops.hex", "dnnfab_axil_res.hex"
+
+    def __init__(self, dut):
+        from dnnfab.cosim.dram import AXIL_BATCH_LOG2, AXIL_PORT_OPS
+        self.d = dut
+        self.batch = 1 << AXIL_BATCH_LOG2
+        self.port_ops = AXIL_PORT_OPS
+        self.seq = 0
+        dut.axil_cmd_seq.value = 0
+        dut.axil_cmd_n.value = 0
+        dut.axil_cmd_ops.value = 0
+        self.cwd = os.getcwd()
+
+    @staticmethod
+    def _word(w, a, v):
+        return ((2 if w else 1) << 60) | ((a & 0xFFFFFFF) << 32) | (v & 0xFFFFFFFF)
+
+    async def _go(self, n):
+        from cocotb.triggers import FallingEdge
+        d = self.d
+        d.axil_cmd_n.value = n
+        self.seq = (self.seq + 1) & 0xFF
+        d.axil_cmd_seq.value = self.seq
+        await FallingEdge(d.axil_busy)
+        if int(d.axil_done_seq.value) != self.seq:
+            raise RuntimeError("AXI4-Lite batch not executed (clock stopped or in reset?)")
+
+    async def run(self, ops):
+        """``ops``: [(False, addr, 0) read | (True, addr, value) write]; returns the read
+        data (0 for writes), in order. Raises IOError on an error response."""
+        out = []
+        for k in range(0, len(ops), self.batch):
+            part = ops[k:k + self.batch]
+            if len(part) <= self.port_ops:          # through the command ports, no files
+                word = 0
+                for j, op in enumerate(part):
+                    word |= self._word(*op) << (64 * j)
+                self.d.axil_cmd_ops.value = word
+                await self._go(len(part))
+                res = int(self.d.axil_res_ops.value)
+                words = [(res >> (40 * j)) & ((1 << 40) - 1) for j in range(len(part))]
+            else:
+                with open(os.path.join(self.cwd, self.OPS), "w") as f:
+                    f.write("".join(f"{self._word(*op):016x}\n" for op in part))
+                await self._go(len(part))
+                with open(os.path.join(self.cwd, self.RES)) as f:
+                    text = re.sub(r"//[^\n]*", "", f.read())      # Icarus writes "// 0x<address>" lines
+                words = [int(t, 16) for t in text.split() if not t.startswith("@")]
+            out += self._check(part, words)
+        return out
+
+    @staticmethod
+    def _check(ops, words):
+        out = []
+        for (w, a, _), r in zip(ops, words):
+            if r >> 32 & 3:
+                raise IOError(f"AXI4-Lite {'write' if w else 'read'} of {a:#x}: response {r >> 32 & 3}")
+            out.append(r & 0xFFFFFFFF)
+        return out
+
+    async def read_dword(self, addr):
+        return (await self.run([(False, addr, 0)]))[0]
+
+    async def write_dword(self, addr, value):
+        await self.run([(True, addr, value)])
 
 
 class AxiLiteHost:
@@ -155,7 +230,12 @@ async def serve(dut):
     sock = socket.socket(fileno=int(os.environ["DNNFAB_RTL_FD"]))
     ppid = int(os.environ.get("DNNFAB_RTL_PPID", os.getppid()))
     t_test = time.time()
-    host = await setup(dut, cfg, int(p["dram_bytes"]), axil=None if p.get("cocotbext_axil") else AxiLiteHost)
+    master = p.get("axil", "verilog")
+    if master == "verilog" and not hasattr(dut, "axil_cmd_seq"):
+        master = "lean"                     # a top without dnnfab_axil_host
+    host = await setup(dut, cfg, int(p["dram_bytes"]),
+                       axil={"verilog": VerilogAxilHost, "lean": AxiLiteHost, "cocotbext": None}[master])
+    batched = isinstance(host.axil, VerilogAxilHost)
     dram, axil = host.dram, host.axil
     t_start = host.cycle
     busy_wall = [0.0]
@@ -202,9 +282,14 @@ async def serve(dut):
         await axil.write_dword(off, value & 0xFFFFFFFF)
 
     async def rds(offs):
+        if batched:
+            return await axil.run([(False, o, 0) for o in offs])
         return [int(await axil.read_dword(o)) for o in offs]
 
     async def wrs(items):
+        if batched:
+            await axil.run([(True, o, v) for o, v in items])
+            return
         for o, v in items:
             await axil.write_dword(o, v & 0xFFFFFFFF)
 
