@@ -57,6 +57,7 @@ class VerilogAxilHost:
     def __init__(self, dut):
         from dnnfab.cosim.dram import AXIL_BATCH_LOG2, AXIL_PORT_OPS
         self.d = dut
+        self.clk = dut.clk
         self.batch = 1 << AXIL_BATCH_LOG2
         self.port_ops = AXIL_PORT_OPS
         self.seq = 0
@@ -77,7 +78,9 @@ class VerilogAxilHost:
         d.axil_cmd_seq.value = self.seq
         await FallingEdge(d.axil_busy)
         if int(d.axil_done_seq.value) != self.seq:
-            raise RuntimeError("AXI4-Lite batch not executed (clock stopped or in reset?)")
+            await FallingEdge(self.clk)                 # the edge's other updates, to be sure
+            if int(d.axil_done_seq.value) != self.seq:
+                raise RuntimeError("AXI4-Lite batch not executed (clock stopped or in reset?)")
 
     async def run(self, ops):
         """``ops``: [(False, addr, 0) read | (True, addr, value) write]; returns the read

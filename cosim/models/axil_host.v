@@ -17,7 +17,7 @@
 // cycle its predecessor's response is taken, so back-to-back reads of the dnnfab register
 // bank take 2 cycles each (its ARREADY is low while RVALID is high), writes 3. Results: a
 // batch of at most P on res_ops (40 bits each: response[33:32], read data[31:0]), a longer
-// one in dnnfab_axil_res.hex.
+// one in dnnfab_axil_res.hex. A reset drops a pending command (done_seq = cmd_seq).
 `default_nettype none
 module dnnfab_axil_host #(
     parameter ADDR_W = 12,
@@ -68,7 +68,7 @@ module dnnfab_axil_host #(
 
     always @(posedge clk) begin
         if (rst) begin
-            done_seq <= 8'd0;
+            done_seq <= cmd_seq;        // a command pending at reset is dropped, not replayed
             busy <= 1'b0;
             awvalid <= 1'b0;
             wvalid <= 1'b0;
@@ -137,12 +137,13 @@ module dnnfab_axil_host #(
                 if (i == n) begin
                     if (from_port) begin
                         for (k = 0; k < P; k = k + 1)
-                            res_ops[40 * k +: 40] <= res[k];
+                            res_ops[40 * k +: 40] <= (k < n) ? res[k] : 40'd0;
                     end else begin
                         $writememh("dnnfab_axil_res.hex", res, 0, n - 1);
                     end
-                    busy <= 1'b0;
                     done_seq <= cmd_seq;
+                    busy <= 1'b0;           // last: a simulator may report its fall before
+                                            // the updates scheduled after it
                 end else begin
                     op = ops[i[N_LOG2-1:0]];
                     is_wr = op[63:60] == 4'd2;

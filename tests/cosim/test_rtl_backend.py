@@ -58,11 +58,13 @@ def _gone_within(pid, seconds):
     return False
 
 
-@pytest.mark.parametrize("sim", SIMS)
-def test_layers_through_the_driver(sim):
+@pytest.mark.parametrize("sim,axil", [*[pytest.param(p.values[0], "verilog", marks=p.marks) for p in SIMS],
+                                      pytest.param("verilator", "lean", marks=needs_verilator)])
+def test_layers_through_the_driver(sim, axil):
     """Two layers, one simulator: bit-exact, the counters read over AXI4-Lite equal the
-    compiler's figures, the registers by name (ID, CONFIG0 checked on open)."""
-    with driver.open("rtl", CFG_SMALL, sim=sim, dram_bytes=1 << 20) as dev:
+    compiler's figures, the registers by name (ID, CONFIG0 checked on open); the Verilog
+    AXI4-Lite master and the Python one."""
+    with driver.open("rtl", CFG_SMALL, sim=sim, dram_bytes=1 << 20, axil=axil) as dev:
         be = dev.backend
         assert be.name == "rtl" and dev.regs.ID == 0x444E4E46
         for seed in (1, 2):
@@ -169,6 +171,8 @@ def test_bad_input_is_one_line():
         driver.open("rtl", CFG_SMALL, sim="modelsim")
     with pytest.raises(ConfigError, match="unknown backend"):
         driver.open("fpga", CFG_SMALL)
+    with pytest.raises(ConfigError, match="unknown AXI4-Lite master"):
+        driver.open("rtl", CFG_SMALL, axil="pcie")
 
 
 def test_verilator_missing_is_a_toolchain_error(monkeypatch):
