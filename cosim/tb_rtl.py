@@ -8,8 +8,10 @@ blocks the simulator in ``recv``): the accelerator sees a host that is infinitel
 between bus transactions, and no Python runs per cycle. Requests:
 
 * ``rd off`` / ``wr off value``: one AXI4-Lite read / write transaction on
-  ``s_axil__*`` (:class:`AxiLiteHost`, or cocotbext-axi's ``AxiLiteMaster``);
-  ``rds [off, ...]`` / ``wrs [(off, value), ...]``: several, in order, one reply;
+  ``s_axil__*``; ``rds [off, ...]`` / ``wrs [(off, value), ...]``: several, in order, one
+  reply. The master: :class:`VerilogAxilHost` (``dnnfab_axil_host`` in the top runs the
+  batch; params ``axil`` ``"verilog"``, the default when the top has it), else
+  :class:`AxiLiteHost` (``"lean"``) or cocotbext-axi's ``AxiLiteMaster`` (``"cocotbext"``);
 * ``dram_w addr bytes`` / ``dram_r addr n``: one bulk load (``$readmemh``) / dump
   (``$writememh``) of the Verilog DRAM (:class:`~dnnfab.cosim.dram.VerilogDram`);
 * ``wait cycles``: simulate until the interrupt's rising edge or ``cycles`` clock
