@@ -2,7 +2,10 @@
 
 :mod:`dnnfab.cosim.runner` builds (cached) and runs tests with Verilator or Icarus;
 ``tb_*.py`` modules are the cocotb testbenches; :func:`params` reads the JSON parameters
-the runner hands to a testbench.
+the runner hands to a testbench. :mod:`dnnfab.cosim.dram` is the Verilog AXI4 DRAM of the
+accelerator testbench; :mod:`dnnfab.cosim.rtl_backend` the host driver's ``rtl`` backend
+(one simulator process serving :mod:`dnnfab.cosim.tb_rtl`); :mod:`dnnfab.cosim.network`
+``dnnfab cosim MODEL`` (docs/cosim_network.md).
 """
 
 import json

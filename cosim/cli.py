@@ -68,7 +68,7 @@ def check_layer(text, cfg):
     return spec
 
 
-def _build(sim, vfile, module, waves):
+def _build(sim, sources, module, waves, build_kw=None):
     """Build (or find cached) the simulation model, telling the user what is going on."""
     from . import runner
     print(f"dnnfab: {sim}: building {module} (a fresh build of the accelerator takes about "
@@ -88,15 +88,57 @@ def _build(sim, vfile, module, waves):
             th = threading.Thread(target=tick, daemon=True)
             th.start()
             try:
-                _, _, built, secs = runner.build([vfile], module, sim, waves)
+                _, _, built, secs = runner.build(sources, module, sim, waves, **(build_kw or {}))
             finally:
                 done.set()
                 th.join()
     else:
-        _, _, built, secs = runner.build([vfile], module, sim, waves)
+        _, _, built, secs = runner.build(sources, module, sim, waves, **(build_kw or {}))
     print(f"dnnfab: {sim}: {'built' if built else 'cached build of'} {module} "
           f"({secs:.0f} s); simulating", file=sys.stderr, flush=True)
     return built, secs
+
+
+def _print_table(rows):
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+
+
+def cmd_cosim_network(args, cfg):
+    """``dnnfab cosim MODEL``: see :mod:`dnnfab.cosim.network`."""
+    from .network import cosim_network, table
+    from . import runner
+    runner.check_simulator(args.sim)
+    if args.first_layers is not None and args.first_layers < 1:
+        raise ConfigError(f"--first-layers {args.first_layers}: run at least one layer (--first-layers 1 or more)")
+    s = cosim_network(args.model, cfg, sim=args.sim, samples=args.samples, waves=args.waves,
+                      max_launches=args.first_layers,
+                      progress=not args.json or sys.stderr.isatty(),
+                      note=lambda text: print(f"dnnfab: {text}", file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        print(f"cosim {s['model']}{' (first layers)' if s['partial'] else ''} on {cfg.rows}x{cfg.cols} {args.sim}: "
+              f"{'BIT-EXACT' if s['bit_exact'] else 'MISMATCH'} vs the integer reference "
+              f"({s['samples']} sample{'s' * (s['samples'] != 1)}: {s['inputs']})")
+        _print_table(table(s))
+        print(f"  fabric cycles {s['total_cycles']:,} (model {s['model_total_cycles']:,}); simulated "
+              f"{s['sim_cycles']:,} cycles, {s['sim_cycles_per_s']:,} cycles/s of simulator time "
+              f"({s['sim_s']:.2f} s; inference {s['run_s']:.2f} s); "
+              f"wall {s['wall_s']:.1f} s ({'fresh' if s['build']['built'] else 'cached'} build "
+              f"{s['build']['build_s']:.1f} s)")
+    if s["failure"] and not args.json:
+        f = s["failure"]
+        print(f"FAILED at layer {f['layer']} (launch {f['launch']}, sample {f['sample']}): "
+              + (f["error"] or f"first difference at {f['first_diff'][0]}: RTL {f['first_diff'][1]}, "
+                                f"reference {f['first_diff'][2]}"))
+        if f["state"]:
+            print(f"  accelerator state: {f['state']}")
+    if s["waves"] and not args.json:
+        w = s["waves"]
+        print(f"  waveform: {w['file']} ({w['mb']} MB, launch {w['launch']}, from cycle {w['from_cycle']})")
+    return 0 if s["bit_exact"] else 1
 
 
 def cmd_cosim(args):
@@ -104,6 +146,8 @@ def cmd_cosim(args):
     from .designs import generated
     from . import runner
     cfg = config_from_args(args)
+    if args.model:
+        return cmd_cosim_network(args, cfg)
     # every input check before the simulator and the (long) build
     if args.top == "array":
         n, k, m = check_gemm(args.gemm)
@@ -116,7 +160,7 @@ def cmd_cosim(args):
         rep = Path(tmp) / "report.json"
         if args.top == "array":
             vfile, module, manifest = generated(cfg, "array")
-            built, build_s = _build(args.sim, vfile, module, args.waves)
+            built, build_s = _build(args.sim, [vfile], module, args.waves)
             params = dict(rows=cfg.rows, cols=cfg.cols, input_bits=cfg.input_bits, weight_bits=cfg.weight_bits,
                           acc_bits=cfg.acc_bits, tag_bits=manifest["array"]["tag_bits"],
                           cases=[{"n": n, "k": k, "m": m, "seed": args.seed}], report=str(rep))
@@ -124,12 +168,12 @@ def cmd_cosim(args):
                              waves=args.waves)
             report = json.loads(rep.read_text())
         else:
-            vfile, module, _ = generated(cfg, "accelerator")
-            built, build_s = _build(args.sim, vfile, module, args.waves)
+            from .dram import accel_target, run_accel
+            sources, module, build_kw = accel_target(cfg, args.sim)
+            built, build_s = _build(args.sim, sources, module, args.waves, build_kw)
             spec["seed"] = args.seed
-            res = runner.run([vfile], module, "dnnfab.cosim.tb_accel", sim=args.sim, testcase="layers",
-                             params={"config": cfg.to_dict(), "layers": [spec], "report": str(rep)},
-                             waves=args.waves)
+            res = run_accel(cfg, "layers", {"layers": [spec], "report": str(rep)}, sim=args.sim,
+                            waves=args.waves)
             report = json.loads(rep.read_text())
     out = {"simulator": args.sim, "top": args.top, "config": cfg.to_dict(), "passed": True,
            "build_dir": str(res.build_dir), "built": built, "build_s": round(build_s, 2),
@@ -150,17 +194,27 @@ def register(sub):
     from ..gencli import add_config_args
     p = sub.add_parser("cosim", help="co-simulate the generated Verilog against the numpy reference",
                        description="Generate the Verilog of a configuration, build it with "
-                                   "Verilator or Icarus (cached per design) and run one cocotb "
-                                   "test: a conv layer through the whole accelerator, checked "
-                                   "against the fast model bit for bit, or a GEMM through the "
-                                   "bare systolic array, checked against numpy.")
+                                   "Verilator or Icarus (cached per design) and run it. With "
+                                   "MODEL (an ONNX path or a zoo name): the whole network, fabric "
+                                   "layers on the simulated accelerator through the host driver's "
+                                   "rtl backend, the rest on the CPU, every layer checked against "
+                                   "the integer reference, a per-layer table (RTL cycles vs the "
+                                   "fast model). Without: one cocotb test, a conv layer through the "
+                                   "whole accelerator, checked against the fast model bit for bit, "
+                                   "or a GEMM through the bare systolic array, checked against numpy.")
+    p.add_argument("model", nargs="?", help="ONNX file or zoo name: co-simulate the whole network")
     add_config_args(p)
-    p.add_argument("--sim", default="verilator", choices=("verilator", "icarus"))
+    p.add_argument("--sim", default="verilator", help="verilator (default) or icarus")
+    p.add_argument("--samples", type=int, default=1, help="MODEL: inputs to run (default 1)")
+    p.add_argument("--first-layers", type=int, default=None, metavar="N",
+                   help="MODEL: only the first N fabric layers (a large model's start)")
     p.add_argument("--top", default="accelerator", choices=("accelerator", "array"))
     p.add_argument("--layer", default="16,16,3,1,1,8,8",
                    help="accelerator: conv layer cin,cout,k,stride,pad,h,w (default 16,16,3,1,1,8,8)")
     p.add_argument("--gemm", default="64,256,8", help="array: GEMM n,k,m (default 64,256,8)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--waves", action="store_true", help="dump a waveform (FST/VCD) and print its path")
+    p.add_argument("--waves", action="store_true",
+                   help="dump a waveform (FST/VCD) and print its path; MODEL: a window of the last "
+                        "$DNNFAB_WAVE_WINDOW_NS (200 us) of the failing, else the last, launch")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_cosim)

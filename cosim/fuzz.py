@@ -229,15 +229,15 @@ def check_model(cfg, spec):
     return None
 
 
-def run_rtl(cfg, specs, sim, on_record):
+def run_rtl(cfg, specs, sim, on_record, dram=None):
     """Run ``specs`` on the RTL in one simulator launch (another after a crash), calling
     ``on_record`` with each layer's record as it finishes (a crash record for a layer
-    that killed the simulator)."""
+    that killed the simulator). ``dram``: the testbench's DRAM model (default
+    :data:`dnnfab.cosim.dram.DEFAULT_DRAM`)."""
     import threading
-    from .designs import generated
-    from . import runner
+    from .dram import DEFAULT_DRAM, run_accel
     from ..errors import DnnfabError
-    vfile, module, _ = generated(cfg, "accelerator")
+    dram = dram or DEFAULT_DRAM
     todo = list(specs)
     while todo:
         with tempfile.TemporaryDirectory() as tmp:
@@ -247,10 +247,8 @@ def run_rtl(cfg, specs, sim, on_record):
 
             def launch():
                 try:
-                    runner.run([vfile], module, "dnnfab.cosim.tb_accel", sim=sim, testcase="layers",
-                               params={"config": cfg.to_dict(), "layers": todo, "keep_going": True,
-                                       "progress": str(prog_file)},
-                               waves_on_failure=False)
+                    run_accel(cfg, "layers", {"layers": todo, "keep_going": True, "progress": str(prog_file)},
+                              sim=sim, dram=dram, waves_on_failure=False)
                 except DnnfabError as exc:
                     err.append(str(exc))
             th = threading.Thread(target=launch, daemon=True)
@@ -287,7 +285,7 @@ def evaluate(rec, est, tolerance=0.02, min_slack=16):
 
 
 def fuzz(cfg, cases, sim="verilator", tolerance=0.02, min_slack=16, batch=100, progress=True,
-         on_failure=None, records=None):
+         on_failure=None, records=None, dram=None):
     """Check ``cases`` (``[(spec, estimate)]``) on the fast model, then on the RTL.
 
     Returns ``{"cases", "passed", "failures": [repro...], "sim_cycles", "model_error",
@@ -296,6 +294,8 @@ def fuzz(cfg, cases, sim="verilator", tolerance=0.02, min_slack=16, batch=100, p
     """
     from tqdm import tqdm
     from ..errors import FabricError
+    from .dram import DEFAULT_DRAM
+    dram = dram or DEFAULT_DRAM
     t0 = time.monotonic()
     failures, results, errors = [], [], []
 
@@ -337,10 +337,10 @@ def fuzz(cfg, cases, sim="verilator", tolerance=0.02, min_slack=16, batch=100, p
 
     specs = [s for s, _ in model_ok]
     for i in range(0, len(specs), batch):
-        run_rtl(cfg, specs[i:i + batch], sim, on_record)
+        run_rtl(cfg, specs[i:i + batch], sim, on_record, dram)
     bar.close()
     return {"config": cfg.to_dict(), "cases": len(cases), "passed": len(cases) - len(failures),
-            "failures": failures, "simulator": sim, "sim_cycles": sim_cycles,
+            "failures": failures, "simulator": sim, "dram": dram, "sim_cycles": sim_cycles,
             "wall_s": round(time.monotonic() - t0, 1),
             "model_error": {"max_abs": max((abs(e) for e in errors), default=0.0),
                             "mean": sum(errors) / len(errors) if errors else 0.0},

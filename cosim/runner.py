@@ -30,7 +30,7 @@ import time
 
 from ..errors import ToolchainError, DnnfabError
 
-__all__ = ["SIMULATORS", "cache_root", "simulator_env", "check_simulator", "build", "run",
+__all__ = ["SIMULATORS", "cache_root", "simulator_env", "check_simulator", "build", "run", "spawn",
            "CosimFailure", "CosimResult"]
 
 SIMULATORS = ("verilator", "icarus")
@@ -217,11 +217,15 @@ def _patched_environ(changes):
             os.environ["PYTEST_CURRENT_TEST"] = pytest_test
 
 
-def _design_hash(sources, toplevel, sim, waves):
+def _design_hash(sources, toplevel, sim, waves, public="all", build_args=()):
     h = hashlib.sha256()
     for src in sources:
         h.update(Path(src).read_bytes())
     h.update(f"{toplevel}|{sim}|{int(waves)}|v2{'|window1' if waves else ''}".encode())
+    if build_args:
+        h.update(("|args|" + "|".join(map(str, build_args))).encode())
+    if sim == "verilator" and public != "all":
+        h.update(b"|vlt|" + Path(public).read_bytes() + f"|{FAST_OPT}".encode())
     if sim == "verilator":
         root = _verilator_root()
         h.update(str(root).encode())
@@ -240,12 +244,33 @@ def _build_lock(build_dir):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
-    """Compile ``sources`` for ``sim`` (cached). Returns (runner, build_dir, built, seconds)."""
+#: C++ optimisation of Verilator builds that are not all-public (the wheel's default is -Os).
+FAST_OPT = "-O2"
+
+
+def _restrict_public(runner):
+    """Drop cocotb's ``--public-flat-rw`` from a Verilator build: only what a control
+    file marks public is visible to the testbench (the top-level ports too)."""
+    build_command = runner._build_command
+
+    def patched():
+        return [[a for a in cmd if a != "--public-flat-rw"] for cmd in build_command()]
+    runner._build_command = patched
+
+
+def build(sources, toplevel, sim="verilator", waves=False, build_args=(), public="all"):
+    """Compile ``sources`` for ``sim`` (cached). Returns (runner, build_dir, built, seconds).
+
+    ``public`` (Verilator): ``"all"`` builds as cocotb does, every signal visible to the
+    testbench (``--public-flat-rw``); the path of a Verilator control file (``.vlt``)
+    makes only the signals it marks public visible (list the top-level ports too) and
+    compiles the model with ``FAST_OPT``: a much faster model, Verilator can optimise
+    everything else (docs/cosim_dram.md). ``build_args`` are part of the cache key.
+    Ignored by Icarus."""
     check_simulator(sim)
     from cocotb_tools.runner import get_runner
     sources = [Path(s).resolve() for s in sources]
-    key = _design_hash(sources, toplevel, sim, waves)
+    key = _design_hash(sources, toplevel, sim, waves, public, build_args)
     build_dir = cache_root() / "cosim" / f"{toplevel}-{sim}-{key}"
     marker = build_dir / ".dnnfab-built"
     runner = get_runner(sim)
@@ -253,6 +278,11 @@ def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
         build_dir.parent.mkdir(parents=True, exist_ok=True)
         _window_runner(runner, sim, build_dir)
     args = list(build_args)
+    env = simulator_env(sim)
+    if sim == "verilator" and public != "all":
+        _restrict_public(runner)
+        args.append(str(Path(public).resolve()))
+        env["MAKEFLAGS"] = f"{env['MAKEFLAGS']} OPT_FAST={FAST_OPT}"
     if sim == "verilator":
         args += ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UNOPTFLAT",
                  "-Wno-CASEINCOMPLETE", "-O3"]
@@ -263,7 +293,7 @@ def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
     build_dir.parent.mkdir(parents=True, exist_ok=True)
     # one builder per design at a time: pytest-xdist workers (or two users) asking for the
     # same design would otherwise delete/compile the same directory concurrently
-    with _build_lock(build_dir), _patched_environ(simulator_env(sim)):
+    with _build_lock(build_dir), _patched_environ(env):
         # Always call the runner's build (it sets up the runner's state for test()); on a
         # cached directory Verilator skips identical outputs and make/iverilog find the
         # objects up to date, so this costs about a second.
@@ -286,15 +316,16 @@ def build(sources, toplevel, sim="verilator", waves=False, build_args=()):
 
 
 def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=None,
-        waves=False, waves_on_failure=True, timeout_s=None, seed=None, waves_from_ns=0):
+        waves=False, waves_on_failure=True, timeout_s=None, seed=None, waves_from_ns=0, public="all",
+        build_args=()):
     """Build (cached) and run cocotb ``test_module`` against ``toplevel``.
 
     ``params`` (JSON-serialisable) is passed to the test as ``DNNFAB_PARAMS``; tests read
     it with :func:`dnnfab.cosim.params`. Raises :class:`CosimFailure` if any test failed,
-    naming the log and the waveform file.
+    naming the log and the waveform file. ``public``, ``build_args``: see :func:`build`.
     """
     from cocotb_tools.runner import get_results
-    runner, build_dir, built, build_s = build(sources, toplevel, sim, waves)
+    runner, build_dir, built, build_s = build(sources, toplevel, sim, waves, build_args, public=public)
     tag = hashlib.sha256(json.dumps([params, testcase, seed], sort_keys=True,
                                     default=str).encode()).hexdigest()[:10]
     test_dir = build_dir / "runs" / tag
@@ -335,7 +366,8 @@ def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=N
             start = max(0, int(end) - wave_window_ns()) if end else 0
             try:
                 again = run(sources, toplevel, test_module, sim, params, testcase, waves=True,
-                            waves_on_failure=False, timeout_s=timeout_s, seed=seed, waves_from_ns=start)
+                            waves_on_failure=False, timeout_s=timeout_s, seed=seed, waves_from_ns=start,
+                            public=public, build_args=build_args)
             except CosimFailure as exc:
                 raise CosimFailure(f"{exc}") from None
             else:
@@ -348,3 +380,41 @@ def run(sources, toplevel, test_module, sim="verilator", params=None, testcase=N
         raise CosimFailure(f"{test_module} on {sim}: {failed} of {tests} cocotb test(s) failed; "
                            f"log: {log}{where}")
     return result
+
+
+def spawn(sources, toplevel, test_module, run_dir, sim="verilator", params=None, testcase=None,
+          waves=False, public="all", build_args=(), extra_env=None, pass_fds=(), preexec_fn=None):
+    """Build (cached) and *start* cocotb ``test_module`` against ``toplevel`` in its own
+    process, without waiting for it: a long-lived simulator (the RTL driver backend,
+    :mod:`dnnfab.cosim.rtl_backend`). Returns ``(popen, build_dir, built, build_s, log)``.
+
+    The command and environment are cocotb's own (the runner's ``test`` with its
+    execution step captured instead of run); the process runs in ``run_dir`` (bulk DRAM
+    files live there: one simulator per directory), writes its log to ``run_dir/sim.log``
+    and gets ``pass_fds`` (e.g. one end of a socket pair) and ``preexec_fn``."""
+    import subprocess
+    runner, build_dir, built, build_s = build(sources, toplevel, sim, waves, build_args, public=public)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "sim.log"
+    env = {"DNNFAB_PARAMS": json.dumps(params or {}), "COCOTB_LOG_LEVEL": "WARNING",
+           "DNNFAB_TRACE_FROM_NS": "0", **(extra_env or {})}
+    captured = []
+    runner._execute = lambda cmds, cwd: captured.append((list(cmds), cwd))
+    with _patched_environ(simulator_env(sim)):
+        runner.test(test_module=test_module, hdl_toplevel=toplevel, testcase=testcase,
+                    build_dir=str(build_dir), test_dir=str(run_dir),
+                    results_xml=str(run_dir / "results.xml"), extra_env=env, waves=waves,
+                    timescale=("1ns", "1ps"), log_file=str(log))
+        sim_env = dict(runner.env)
+    if len(captured) != 1 or len(captured[0][0]) != 1:
+        raise ToolchainError(f"cocotb's {sim} runner gave {captured and len(captured[0][0])} commands to "
+                             "run a test; expected one (cocotb changed? pin cocotb to 2.1)")
+    cmd = [str(a) for a in captured[0][0][0]]
+    fh = open(log, "w")
+    try:
+        proc = subprocess.Popen(cmd, cwd=str(run_dir), env=sim_env, stdin=subprocess.DEVNULL, stdout=fh,
+                                stderr=subprocess.STDOUT, pass_fds=tuple(pass_fds), preexec_fn=preexec_fn)
+    finally:
+        fh.close()
+    return proc, build_dir, built, build_s, log

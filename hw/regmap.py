@@ -17,7 +17,7 @@ offset name           access contents
 0x014  CONFIG3        const  ACC_BITS[7:0] ADDR_BITS[15:8] MAX_BURST[24:16] ID_BITS[31:28]
 0x020  CTRL           pulse  START[0] SOFT_RESET[1] CLEAR_ERROR[2]
 0x024  STATUS         ro     BUSY[0] DONE[1] ERROR[2] ERROR_CODE[15:8]
-0x028  ERROR_INFO     ro     faulting byte address (DMA) or program counter (controller)
+0x028  ERROR_INFO     ro     faulting byte address (DMA) or program index (illegal insn)
 0x030  IRQ_ENABLE     rw     DONE[0] ERROR[1]
 0x034  IRQ_STATUS     w1c    DONE[0] ERROR[1]
 0x040  PROG_BASE      rw     byte address of the instruction stream
@@ -101,7 +101,8 @@ def accelerator_regmap(cfg: AcceleratorConfig) -> RegisterMap:
                  fields=(F("BUSY", 0, 1), F("DONE", 1, 1), F("ERROR", 2, 1), F("ERROR_CODE", 8, 8)),
                  doc="run state; ERROR_CODE is one of DNNFAB_ERR_*"),
         Register("ERROR_INFO", 0x028, "ro",
-                 doc="faulting byte address (DMA errors) or program counter (controller errors)"),
+                 doc="faulting byte address (DMA errors) or the illegal instruction's program index "
+                     "(controller errors)"),
         Register("IRQ_ENABLE", 0x030, "rw", width=2,
                  fields=(F("DONE", 0, 1), F("ERROR", 1, 1)), doc="interrupt enables"),
         Register("IRQ_STATUS", 0x034, "w1c", width=2,

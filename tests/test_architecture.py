@@ -10,6 +10,9 @@
 * those import no HDL (nothing outside the standard library, dnnfab.errors and each
   other);
 * no import cycle anywhere in the package;
+* sw/ imports no module by a computed name (``importlib.import_module``, ``__import__``)
+  except the driver's backend plugins (``sw/driver/device.py: PLUGINS``), which name only
+  backends above sw/ (cosim/) -- a plugin is found by name at ``driver.open``, not imported;
 * and, run for real: the runtime, the compiler and the fast model import and work with
   ``amaranth`` blocked from import.
 """
@@ -185,6 +188,41 @@ def test_sw_layers_and_hw_boundaries():
 def test_no_import_cycle():
     graph, _ = import_graph()
     assert import_cycles(graph) == []
+
+
+def _dynamic_imports(path):
+    """[(line, call)] of calls importing by a computed name in the file at ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in ("import_module", "__import__"):
+                out.append((node.lineno, name))
+    return out
+
+
+def test_sw_imports_by_name_only_its_backend_plugins():
+    """The one dynamic import of sw/ is the driver's plugin table; it names backends
+    above sw/ that exist and are Backends (so ``driver.open("rtl")`` works without sw/
+    importing cosim/, which imports the driver: no cycle, docs/architecture.md)."""
+    import importlib
+    from dnnfab.sw.driver import device
+    from dnnfab.sw.driver.backend import Backend
+    _, modules = import_graph()
+    found = {m: _dynamic_imports(p) for m, p in modules.items() if m.startswith("dnnfab.sw.")}
+    found = {m: v for m, v in found.items() if v}
+    assert list(found) == ["dnnfab.sw.driver.device"], found
+    assert len(found["dnnfab.sw.driver.device"]) == 1
+    assert set(device.PLUGINS) <= set(device.BACKENDS)
+    for name, target in device.PLUGINS.items():
+        mod, _, attr = target.partition(":")
+        assert mod in modules and not mod.startswith("dnnfab.sw.") and not mod.startswith("dnnfab.hw"), target
+        assert mod.startswith("dnnfab.cosim."), target
+        assert callable(getattr(importlib.import_module(mod), attr))
+        backend_cls = [v for v in vars(importlib.import_module(mod)).values()
+                       if isinstance(v, type) and issubclass(v, Backend) and v is not Backend]
+        assert any(c.name == name for c in backend_cls), target
 
 
 def test_rules_catch_a_violation(tmp_path):

@@ -127,8 +127,10 @@ CHECKED = {"pip install": _check_pip_install, "bash scripts/test.sh": _check_tes
 EXPECT = {
     "dnnfab run": ["bit-exact vs the integer reference on 32 samples: True",
                    "top-1 accuracy: int8 on fabric"],
-    "dnnfab cosim --preset tiny --sim verilator": ["PASSED (bit-exact vs numpy)", "dnnfab: verilator: building dnnfab_accel",
+    "dnnfab cosim --preset tiny --sim verilator": ["PASSED (bit-exact vs numpy)", "dnnfab: verilator: building dnnfab_tb_top",
                      "; simulating"],
+    "dnnfab cosim digits-cnn": ["cosim digits-cnn on 8x8 verilator: BIT-EXACT vs the integer reference",
+                                "fabric cycles 7,360 (model 7,360)"],
     "dnnfab inspect model.onnx": ["maxpool: the accelerator runs conv and GEMM layers only"],
     "dnnfab run model.onnx --calibration samples.npy --samples 8": ["calibration: 100 samples from samples.npy",
                               "bit-exact vs the integer reference on 8 samples: True"],

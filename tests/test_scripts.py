@@ -88,3 +88,20 @@ def test_bench_sched_small(tmp_path):
             assert r["energy_saving_vs_best_single"] is None or r["energy_saving_vs_best_single"] >= -1e-9
     assert len(out["tight"]) == 4
     assert (tmp_path / "s.png").stat().st_size > 10_000
+
+
+@pytest.mark.cosim
+@VERILATOR
+def test_bench_cosim_script_small(tmp_path):
+    """bench_cosim (dnnfab cosim MODEL --json, timed) on digits-cnn and the first fabric
+    layer of eeg-seizure, one timed run each."""
+    out_file = tmp_path / "c.json"
+    _run("scripts/bench_cosim.py", "--models", "digits-cnn,eeg-seizure:1", "--repeat", "1",
+         "--out", str(out_file), "--json")
+    out = json.loads(out_file.read_text())
+    assert out["all_bit_exact"] and [r["model"] for r in out["results"]] == ["digits-cnn", "eeg-seizure"]
+    digits, eeg = out["results"]
+    assert not digits["partial"] and eeg["partial"] and eeg["launches"] == 1
+    assert digits["sim_cycles"] >= digits["total_cycles"] > 0 and digits["sim_cycles_per_s"] > 0
+    assert digits["max_model_error"] <= 0.02
+    assert isinstance(out["digits_cnn_target_met"], bool)

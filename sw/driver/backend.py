@@ -8,8 +8,9 @@ DRAM buffers. The driver does everything else (register names, the launch sequen
 error decoding) in the same code for every backend, so what runs on the model is what
 will run on a board.
 
-Backends here: ``"model"`` (:class:`~.model.ModelBackend`, the fast model acting as the
-device). A PYNQ backend is a small class, sketched in docs/driver.md: ``read_reg`` /
+Backends: ``"model"`` (:class:`~.model.ModelBackend`, the fast model acting as the
+device) and ``"rtl"`` (the generated Verilog under cocotb, ``dnnfab.cosim.rtl_backend``,
+found through :data:`~.device.PLUGINS`: cosim/ sits above the driver). A PYNQ backend is a small class, sketched in docs/driver.md: ``read_reg`` /
 ``write_reg`` are ``pynq.Overlay(bitfile).ip.read/write``, ``allocate`` is
 ``pynq.allocate`` (its ``physical_address`` is the device address), ``dram_write`` /
 ``dram_read`` copy into that buffer and flush / invalidate it, ``wait_irq`` awaits
@@ -35,6 +36,16 @@ class Backend:
     def write_reg(self, offset: int, value: int) -> None:
         raise NotImplementedError
 
+    def read_regs(self, offsets) -> list:
+        """Several reads, in order (one bus transaction each); a backend with a slow
+        channel to the bus (the RTL simulator's socket) does them in one round trip."""
+        return [self.read_reg(o) for o in offsets]
+
+    def write_regs(self, items) -> None:
+        """Several ``(offset, value)`` writes, in order (see :meth:`read_regs`)."""
+        for o, v in items:
+            self.write_reg(o, v)
+
     def allocate(self, nbytes: int, align: int = 4096) -> int:
         """Reserve ``nbytes`` of device DRAM; returns the device (bus) address."""
         raise NotImplementedError
@@ -48,6 +59,11 @@ class Backend:
     def wait_irq(self, timeout_s: float) -> bool:
         """Wait for the interrupt; False if none came within ``timeout_s``."""
         raise NotImplementedError
+
+    def launch_timeout(self, model_cycles: int) -> float:
+        """A default timeout (seconds of the device's time) for a launch the cycle model
+        puts at ``model_cycles``: a board's 1 s of slack plus 20x the modelled time."""
+        return 1.0 + 20 * model_cycles / (self.cfg.clock_mhz * 1e6)
 
     def diagnose(self) -> str:
         """What the backend knows about a run that did not finish ("" if nothing)."""

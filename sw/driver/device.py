@@ -32,9 +32,15 @@ from ...hw.spec import (INSN_BYTES, ERR_AXI_READ, ERR_AXI_WRITE, ERR_ILLEGAL_INS
                         ERR_OUT_WINDOW, ERR_PROG_FETCH, ErrorCode)
 from .backend import Backend
 
-__all__ = ["open", "Device", "DeviceBuffer", "Program", "BACKENDS"]
+__all__ = ["open", "Device", "DeviceBuffer", "Program", "BACKENDS", "PLUGINS"]
 
-BACKENDS = ("model",)
+BACKENDS = ("model", "rtl")
+
+#: Backends that live above sw/ (the RTL co-simulation in cosim/ imports the driver, so
+#: the driver cannot import it): name -> ``"module:factory"``, imported by name when the
+#: backend is opened, like PYNQ's device registry. This table is the only place where sw/
+#: names a module above it; tests/test_architecture.py checks that (docs/architecture.md).
+PLUGINS = {"rtl": "dnnfab.cosim.rtl_backend:open_rtl"}
 
 
 @dataclass(frozen=True)
@@ -176,12 +182,17 @@ class Device:
     # -- running ------------------------------------------------------------------------
     def counters(self):
         """The 64-bit performance counters, by name (LO read first: it latches HI)."""
-        out = {}
-        for name in COUNTERS:
-            lo = int(getattr(self.regs, f"{name}_LO"))
-            hi = int(getattr(self.regs, f"{name}_HI"))
-            out[name.lower()] = (hi << 32) | lo
-        return out
+        return self._status_and_counters(False)[1]
+
+    def _status_and_counters(self, status=True):
+        """(STATUS or None, counters): one ``read_regs`` (STATUS first, then each counter's
+        LO before its HI)."""
+        rm = self.regmap
+        offs = [rm[f"{name}_{half}"].offset for name in COUNTERS for half in ("LO", "HI")]
+        vals = self.backend.read_regs(([rm["STATUS"].offset] if status else []) + offs)
+        st = RegValue(vals.pop(0), rm["STATUS"]) if status else None
+        return st, {name.lower(): (int(vals[2 * i + 1]) << 32) | int(vals[2 * i])
+                    for i, name in enumerate(COUNTERS)}
 
     def run(self, program: Program, timeout_s=10.0):
         """Launch ``program`` and wait for it; returns the performance counters.
@@ -194,16 +205,13 @@ class Device:
         if regs.STATUS.BUSY:
             raise FabricError("the accelerator is still busy with an earlier launch; call "
                               "dev.reset() first")
-        regs.IRQ_STATUS = 0x3
-        regs.IRQ_ENABLE = 0x3
-        regs.PROG_BASE = program.addr
-        regs.PROG_LEN = program.count
-        regs.OUT_LO = program.out_lo
-        regs.OUT_HI = program.out_hi
-        regs.CTRL = 0x1
+        rm = self.regmap
+        self.backend.write_regs([(rm[n].offset, v) for n, v in (
+            ("IRQ_STATUS", 0x3), ("IRQ_ENABLE", 0x3), ("PROG_BASE", program.addr),
+            ("PROG_LEN", program.count), ("OUT_LO", program.out_lo), ("OUT_HI", program.out_hi),
+            ("CTRL", 0x1))])
         ok = self.backend.wait_irq(timeout_s)
-        status = regs.STATUS
-        counters = self.counters()
+        status, counters = self._status_and_counters()
         if not ok:
             why = self.backend.diagnose()
             raise FabricTimeout(
@@ -233,9 +241,10 @@ class Device:
             raise DmaError(f"DMA error {code} ({cname}) at {info:#x}: {what}{tail}", code, info,
                            int(status), counters)
         if code == ERR_ILLEGAL_INSN:
-            index = (info - program.addr) // INSN_BYTES
-            raise IllegalInstruction(f"illegal instruction at {info:#x} (program index {index})"
-                                     f"{tail}", index, info, int(status), counters)
+            # ERROR_INFO holds the instruction's program index (the controller's dispatch count)
+            index, addr = info, program.addr + info * INSN_BYTES
+            raise IllegalInstruction(f"illegal instruction at {addr:#x} (program index {index})"
+                                     f"{tail}", index, addr, int(status), counters)
         if code == ERR_SP_RANGE:
             raise ScratchpadError(f"scratchpad address out of range (error 4) by the instruction "
                                   f"at {info:#x}{tail}", info, int(status), counters)
@@ -259,8 +268,22 @@ class Device:
         self.close()
 
 
+def _plugin(name):
+    """The factory of plugin backend ``name`` (:data:`PLUGINS`)."""
+    import importlib
+    modname, _, attr = PLUGINS[name].partition(":")
+    try:
+        module = importlib.import_module(modname)
+    except ImportError as exc:
+        raise ConfigError(f"backend {name!r} needs {modname} ({exc}); install dnnfab with its "
+                          "co-simulation extras: pip install -e '.[cosim]'") from None
+    return getattr(module, attr)
+
+
 def open(backend="model", config: AcceleratorConfig = None, board=None, **kw) -> Device:  # noqa: A001
-    """Open a device: ``backend`` ``"model"`` (the fast model); ``config`` the accelerator
+    """Open a device: ``backend`` ``"model"`` (the fast model) or ``"rtl"`` (the generated
+    Verilog under cocotb, :mod:`dnnfab.cosim.rtl_backend`; ``kw``: ``sim``, ``dram_bytes``,
+    ``waves``), or a :class:`~.backend.Backend` instance; ``config`` the accelerator
     configuration, or ``board`` a board name whose default configuration is used."""
     if config is None:
         if board is not None:
@@ -273,6 +296,13 @@ def open(backend="model", config: AcceleratorConfig = None, board=None, **kw) ->
     if backend == "model":
         from .model import ModelBackend
         return Device(ModelBackend(config, **kw))
+    if backend in PLUGINS:
+        be = _plugin(backend)(config, **kw)
+        try:
+            return Device(be)
+        except BaseException:
+            be.close()
+            raise
     raise ConfigError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
 
 

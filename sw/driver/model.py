@@ -20,7 +20,7 @@ from __future__ import annotations
 from ...errors import FabricDeadlock, FabricError
 from ...hw.config import AcceleratorConfig
 from ...hw.regmap import accelerator_regmap, COUNTERS
-from ...hw.spec import ERR_SP_RANGE
+from ...hw.spec import ERR_ILLEGAL_INSN, ERR_SP_RANGE
 from ..compiler.fastmodel import estimate_cycles
 from .backend import Backend
 from .fastmodel import FastModel, ModelFault
@@ -132,7 +132,9 @@ class ModelBackend(Backend):
         except ModelFault as exc:
             self._count(before, fm.counters)
             v["STATUS"] = 0x2 | 0x4 | ((exc.code & 0xFF) << 8)
-            v["ERROR_INFO"] = exc.info & 0xFFFFFFFF
+            # the controller reports an illegal instruction by its program index (the
+            # dispatch count), a DMA fault by its byte address
+            v["ERROR_INFO"] = (exc.index if exc.code == ERR_ILLEGAL_INSN else exc.info) & 0xFFFFFFFF
             self._irq(0x2)
             return
         except FabricError as exc:        # a DRAM access beyond the model: a bus error

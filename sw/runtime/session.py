@@ -13,8 +13,10 @@ of each fabric run, launches it through the driver and reads back what the CPU l
 need.
 
 Backends: ``"model"`` (fabric layers on the driver's model backend, the rest on the CPU),
-``"cpu"`` (everything on the CPU; what a user without a board runs), or a
-:class:`~dnnfab.sw.driver.backend.Backend` instance. A fabric fault on a run is reported
+``"rtl"`` (fabric layers on the generated Verilog under cocotb: the driver's rtl backend,
+``dnnfab.cosim.rtl_backend``, one simulator for the session; ``backend_options`` e.g.
+``{"sim": "icarus"}``), ``"cpu"`` (everything on the CPU; what a user without a board
+runs), or a :class:`~dnnfab.sw.driver.backend.Backend` instance. A fabric fault on a run is reported
 by the driver as a typed error; the session resets the device, reloads the image, runs
 that run's layers on the CPU, completes the inference, and :meth:`profile` marks them
 degraded with the error. Outputs are bit-identical to the integer reference either way.
@@ -40,7 +42,7 @@ from .network import check_finite, check_run_config
 
 __all__ = ["InferenceSession", "NodeArg", "ModelMetadata", "SESSION_BACKENDS"]
 
-SESSION_BACKENDS = ("model", "cpu")
+SESSION_BACKENDS = ("model", "rtl", "cpu")
 #: samples of a zoo model's bundled training data used when no calibration is given
 DEFAULT_CALIB = 64
 
@@ -132,10 +134,14 @@ class InferenceSession:
     :class:`~dnnfab.sw.cpu.options.Options` for the CPU layers, ``cache_dir`` where
     compiled networks are kept (``False``: no disk cache), ``require_fabric``: raise
     :class:`~dnnfab.errors.ConfigError` naming the limit when a conv or GEMM cannot map onto
-    the configuration (by default it runs on the CPU and :meth:`profile` says why)."""
+    the configuration (by default it runs on the CPU and :meth:`profile` says why);
+    ``backend_options``: keyword arguments of the backend (``driver.open``), e.g. ``sim``
+    of ``"rtl"``; ``chain=False`` compiles every fabric layer as a launch of its own (per
+    layer hardware counters, e.g. for ``dnnfab cosim``)."""
 
     def __init__(self, model, calibration=None, backend="model", config=None, board=None,
-                 options=None, cache_dir=None, timeout_s=None, require_fabric=False):
+                 options=None, cache_dir=None, timeout_s=None, require_fabric=False,
+                 backend_options=None, chain=True):
         from .api import load, quantize
         self.options = options if options is not None else Options.from_env()
         if config is None:
@@ -147,6 +153,10 @@ class InferenceSession:
         self._cache_dir = cache_dir
         self._timeout = timeout_s
         self.require_fabric = require_fabric
+        self.backend_options = dict(backend_options or {})
+        self.chain = bool(chain)
+        self.on_run = None          # hook(run, counters, error) after each fabric launch
+        self.last_env = None
         self.calibration_source = "given"
         if isinstance(model, QuantizedGraph):
             qg = model
@@ -174,8 +184,7 @@ class InferenceSession:
             self._backend_obj = None
         else:
             raise DnnfabError(f"unknown backend {backend!r}; use one of "
-                              f"{', '.join(SESSION_BACKENDS)} (the RTL backend comes with "
-                              "`dnnfab cosim`)")
+                              f"{', '.join(SESSION_BACKENDS)} or a driver Backend")
         self.net: CompiledNetwork | None = None
         self.dev = None
         self._mem = None
@@ -219,7 +228,7 @@ class InferenceSession:
             self.compile_s = time.perf_counter() - t0
             return None
         cache = self._cache_dir
-        net = compile_network(self.qg, self.cfg, cache_dir=cache or None,
+        net = compile_network(self.qg, self.cfg, chain=self.chain, cache_dir=cache or None,
                               use_cache=cache is not False)
         if self.require_fabric:
             for info in net.layers.values():
@@ -227,15 +236,21 @@ class InferenceSession:
                     raise ConfigError(f"layer {info.name} does not map onto {self.cfg.name}: "
                                       f"{info.reason}")
         self.net = net
-        dev = driver.open(self._backend_obj, self.cfg) if self._backend_obj is not None else \
-            driver.open("model", self.cfg, dram_bytes=max(1 << 24, self.net.dram_bytes + (1 << 20)),
-                        options=self.options)
+        if self._backend_obj is not None:
+            dev = driver.open(self._backend_obj, self.cfg)
+        elif self.backend_name == "rtl":
+            dev = driver.open("rtl", self.cfg, **{"dram_bytes": self.net.dram_bytes + 4096,
+                                                  **self.backend_options})
+        else:
+            dev = driver.open("model", self.cfg, **{
+                "dram_bytes": max(1 << 24, self.net.dram_bytes + (1 << 20)), "options": self.options,
+                **self.backend_options})
         self.dev = dev
         self._mem = dev.allocate((self.net.dram_bytes,), np.uint8)
         self._base = self._mem.device_address
         if self._base != self.net.origin:
             # the device put the buffer elsewhere: compile the image for that address
-            self.net = compile_network(self.qg, self.cfg, cache_dir=cache or None,
+            self.net = compile_network(self.qg, self.cfg, chain=self.chain, cache_dir=cache or None,
                                        use_cache=cache is not False, origin=self._base)
         self._load_image()
         self.compile_s = time.perf_counter() - t0
@@ -288,6 +303,7 @@ class InferenceSession:
                 prof.extend(self._run_fabric(self.net.runs[what], env, by_name))
         self.last_run_ms = (time.perf_counter() - t0) * 1e3
         self._profile = prof
+        self.last_env = env         # every tensor of the last run (checks, e.g. dnnfab cosim)
         return {t.name: env.lg(t.name) for t in qg.outputs}
 
     def _cpu_record(self, L, dt, reason=None):
@@ -317,10 +333,17 @@ class InferenceSession:
                 mem[lo:lo + len(raw)] = raw
                 mem[lo:lo + len(raw)].sync_to_device()
             timeout = self._timeout if self._timeout is not None else \
-                1.0 + 20 * run.cycles / (cfg.clock_mhz * 1e6)
-            counters = self.dev.run(driver.Program(run.prog_addr, run.n_insns,
-                                                   run.out_window[0], run.out_window[1]),
-                                    timeout_s=timeout)
+                self.dev.backend.launch_timeout(run.cycles)
+            try:
+                counters = self.dev.run(driver.Program(run.prog_addr, run.n_insns,
+                                                       run.out_window[0], run.out_window[1]),
+                                        timeout_s=timeout)
+            except FabricError as exc:
+                if self.on_run is not None:
+                    self.on_run(run, None, exc)
+                raise
+            if self.on_run is not None:
+                self.on_run(run, counters, None)
             for b in run.outputs:
                 t = net.tensors[b]
                 lo = t.addr - base

@@ -13,6 +13,7 @@ from dnnfab.hw.generate import verilog_text, SynthHints
 from dnnfab.hw.top import Accelerator
 from dnnfab.cosim import runner
 from dnnfab.cosim.designs import hw_source_hash
+from dnnfab.cosim.dram import run_accel
 
 MULT_MODEL = Path(runner.__file__).parent / "models" / "mult18x18d.v"
 BRAM_MODEL = Path(__file__).parent / "models" / "dp16kd.v"
@@ -38,7 +39,7 @@ def test_accel_ecp5_primitives(tmp_path):
     assert "TRELLIS_FF " in text                                # scratchpad request copies
     vfile.write_text(text)
     rep = tmp_path / "r.json"
-    runner.run([vfile, MULT_MODEL, BRAM_MODEL, FF_MODEL], "dnnfab_accel", "dnnfab.cosim.tb_accel", sim="verilator",
-               testcase="layers", params={"config": CFG.to_dict(), "layers": LAYERS, "report": str(rep)})
+    run_accel(CFG, "layers", {"layers": LAYERS, "report": str(rep)}, sim="verilator",
+              accel=([vfile, MULT_MODEL, BRAM_MODEL, FF_MODEL], "dnnfab_accel"))
     report = json.loads(rep.read_text())
     assert len(report) == len(LAYERS) and all(r["bit_exact"] for r in report)

@@ -1,6 +1,7 @@
-"""Whole conv/GEMM layers through the generated accelerator (cocotb + AXI RAM), bit-exact,
-plus fault injection. Every layer also checks the perf counters and that DRAM outside the
-output region is untouched (see cosim/tb_accel.py)."""
+"""Whole conv/GEMM layers through the generated accelerator (cocotb + the Verilog DRAM of
+cosim/dram.py), bit-exact, plus fault injection. Every layer also checks the perf counters
+and that DRAM outside the output region is untouched (see cosim/tb_accel.py); the DRAM
+models' agreement with cocotbext-axi's AxiRam is tests/cosim/test_cosim_dram.py."""
 
 import json
 
@@ -8,8 +9,8 @@ import pytest
 
 from dnnfab.hw.config import AcceleratorConfig
 from presets import CFG_SMALL
-from dnnfab.cosim.designs import generated
 from dnnfab.cosim import runner
+from dnnfab.cosim.dram import DEFAULT_DRAM, run_accel
 from dnnfab.sw.compiler.layer import random_layer
 from dnnfab.sw.compiler.program import compile_layer
 from dnnfab.sw.compiler.fastmodel import estimate_cycles
@@ -53,12 +54,15 @@ LAYERS_8 = [
 ]
 
 
-def _run(cfg, layers, sim, tmp_path, test="layers"):
-    vfile, module, _ = generated(cfg, "accelerator")
+def _run(cfg, layers, sim, tmp_path, test="layers", dram=DEFAULT_DRAM):
     rep = tmp_path / "r.json"
-    runner.run([vfile], module, "dnnfab.cosim.tb_accel", sim=sim, testcase=test,
-               params={"config": cfg.to_dict(), "layers": layers, "report": str(rep)})
+    run_accel(cfg, test, {"layers": layers, "report": str(rep)}, sim=sim, dram=dram)
     return json.loads(rep.read_text())
+
+
+#: the fault cases of tb_accel.errors
+FAULTS = {"axi_read_slverr", "axi_read_slverr_beat", "axi_write_slverr", "axi_write_slverr_burst",
+          "illegal_opcode", "outside_window", "hang", "clean"}
 
 
 @pytest.mark.cosim
@@ -85,5 +89,9 @@ def test_accel_layers_8x8(sim, tmp_path):
 @pytest.mark.cosim
 @pytest.mark.parametrize("sim", SIMS)
 def test_accel_fault_injection(sim, tmp_path):
+    """SLVERR on a read beat (by address and by beat number) and on a write (by address and
+    by burst number), an illegal instruction, a store outside the window, a program that
+    never finishes (watchdog), then a clean bit-exact run after soft resets."""
     figures = _run(CFG_SMALL, [], sim, tmp_path, test="errors")
-    assert set(figures) == {"axi_read_slverr", "axi_write_slverr", "illegal_opcode", "outside_window"}
+    assert set(figures) == FAULTS
+    assert figures["hang"]["watchdog_limit"] == 2000 and figures["hang"]["status"] & 1
