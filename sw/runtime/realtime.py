@@ -9,10 +9,10 @@ or several networks, frame after frame, on one fabric and one CPU worker pool.
 **What runs where.** Per network the graph is rewritten with the plan's splits
 (:func:`~dnnfab.sw.compiler.split.apply_splits`) and compiled with ``chain=False`` (one
 fabric launch per layer) and the plan's CPU layers
-(:func:`~dnnfab.sw.compiler.network.compile_network`); each network has its own
-model-backend device with its own DRAM image (a board, with one DRAM, needs the images
-relocated -- compiled at a base address -- which is not implemented yet). There are two
-resources, as the scheduler models them:
+(:func:`~dnnfab.sw.compiler.network.compile_network`). All networks share one device, as
+on a board: each image is compiled for the address the device allocates it at
+(``compile_network(..., origin=)``). There are two resources, as the scheduler models
+them:
 
 * **the fabric**: one thread serves the launches of every network, one at a time;
 * **the CPU**: one dispatcher thread runs one layer at a time on a worker pool shared by
@@ -365,21 +365,30 @@ class Runtime:
         if missing:
             raise ConfigError(f"no graph for network(s) {', '.join(missing)}; pass graphs="
                               "{name: QuantizedGraph} for every network of the plan")
-        if isinstance(backend, Backend) and len(plan.networks) > 1:
-            raise ConfigError("one Backend instance cannot serve several networks (each has its "
-                              "own device and DRAM image); pass backend={network: Backend}")
         self.notes = []
         if mode == "real" and getattr(plan, "host", "") == "board":
             self.notes.append("the plan's CPU figures are the board's CPU (host 'board'); a real "
                               "run measures this machine's CPU instead -- the modelled mode "
                               "replays the board's figures")
         self.nets = []
+        self._shared = None
         try:
+            nets = []
             for i, nplan in enumerate(plan.networks):
                 n = _Net(i, nplan, graphs[nplan.name])
                 self._compile(n, cache_dir)
+                nets.append(n)
+            if not isinstance(backend, (dict, Backend)) and backend == "model":
+                # one accelerator and one DRAM for every network, as on a board
+                from ..driver.model import ModelBackend
+                need = sum(-(-n.net.dram_bytes // 4096) * 4096 + 4096 for n in nets)
+                self._shared = ModelBackend(self.cfg, dram_bytes=max(1 << 24, need + (1 << 20)),
+                                            options=self.options)
+            for n in nets:
                 be = backend.get(n.name, "model") if isinstance(backend, dict) else backend
-                self._open(n, be)
+                if be == "model" and self._shared is not None:
+                    be = self._shared
+                self._open(n, be, cache_dir)
                 if mode == "modelled" or durations:
                     # real mode with durations: each launch is held to its modelled time
                     # (the metric model's: cycles at the clock, the DRAM bound, the launch
@@ -412,12 +421,16 @@ class Runtime:
         return cls(plan, graphs, cfg, mode=mode, **kw)
 
     # -- setting up ---------------------------------------------------------------------
-    def _compile(self, n, cache_dir):
+    def _compile(self, n, cache_dir, origin=0):
         n.net = compile_network(n.graph, self.cfg, chain=False, cpu_layers=n.plan.cpu_layers(),
-                                cache_dir=cache_dir or None, use_cache=cache_dir is not False)
+                                cache_dir=cache_dir or None, use_cache=cache_dir is not False,
+                                origin=origin)
+        n.runs = {}
         for run in n.net.runs:
             assert len(run.layers) == 1, "chain=False compiles one layer per launch"
             n.runs[run.layers[0]] = run
+        if n.workers is not None:                 # a relocated compile: same placement
+            return
         for L in n.layers:
             info = n.net.layers[L.name]
             n.target[L.name] = info.target
@@ -431,7 +444,7 @@ class Runtime:
         else:
             n.workers = CpuWorkers(n.graph, share_pool=self._owner, **kw)
 
-    def _open(self, n, be):
+    def _open(self, n, be, cache_dir=None):
         dram = max(1 << 24, n.net.dram_bytes + (1 << 20))
         if isinstance(be, Backend):
             n.dev = driver.open(be, self.cfg)
@@ -440,9 +453,9 @@ class Runtime:
         else:
             raise ConfigError(f"unknown backend {be!r}; use \"model\" or a Backend instance")
         n.mem = n.dev.allocate((n.net.dram_bytes,), np.uint8)
-        if n.mem.device_address != 0:
-            raise DnnfabError(f"{n.name}: the device allocated the network at a non-zero "
-                              "address; relocation is not implemented yet")
+        n.base = n.mem.device_address
+        if n.base != n.net.origin:               # compile the image for where it lives
+            self._compile(n, cache_dir, origin=n.base)
         self._load_image(n)
 
     def _warm(self, n):
@@ -466,6 +479,7 @@ class Runtime:
         img = n.net.image
         n.mem[:len(img)] = np.frombuffer(img, np.uint8)
         n.mem[:len(img)].sync_to_device()
+        # a reset of the shared accelerator does not touch DRAM: the other images stay
 
     def _durations(self, n, given):
         given = given or {}
@@ -505,15 +519,17 @@ class Runtime:
             name = _tensor_of(b)
             arr = frame.env.cl(name) if t.kind == "conv" else frame.env.lg(name)
             raw = np.frombuffer(t.pack(arr), np.uint8)
-            mem[t.addr:t.addr + len(raw)] = raw
-            mem[t.addr:t.addr + len(raw)].sync_to_device()
+            lo = t.addr - n.base
+            mem[lo:lo + len(raw)] = raw
+            mem[lo:lo + len(raw)].sync_to_device()
             timeout = self._timeout if self._timeout is not None else \
                 1.0 + 20 * run.cycles / (self.cfg.clock_mhz * 1e6)
             counters = n.dev.run(driver.Program(run.prog_addr, run.n_insns, run.out_window[0],
                                                 run.out_window[1]), timeout_s=timeout)
             b = net.produces[lname]
             t = net.tensors[b]
-            view = mem[t.addr:t.addr + t.size]
+            lo = t.addr - n.base
+            view = mem[lo:lo + t.size]
             view.sync_from_device()
             frame.env.put(_tensor_of(b), t.unpack(view.tobytes()),
                           "cl" if t.kind == "conv" else "lg")

@@ -369,9 +369,19 @@ def test_bad_arguments(qgs):
         Runtime(plan, {name: qgs[name]}, CFG, mode="fast")
     with pytest.raises(ConfigError, match="no graph"):
         Runtime(plan, {}, CFG)
-    two = Plan([make_plan(qgs, n, "fabric") for n in NETS], workers=1)
-    with pytest.raises(ConfigError, match="Backend"):
-        Runtime(two, qgs, CFG, backend=FaultyBackend(CFG, "illegal"))
+
+
+def test_networks_share_one_device_each_image_at_its_address(qgs, samples):
+    """As on a board: one accelerator and one DRAM for every network, each image compiled
+    for the address it was allocated at; frames of both stay bit-exact."""
+    two = Plan([make_plan(qgs, n, "fabric", period=0.05, deadline=2.0) for n in NETS], workers=1)
+    with Runtime(two, qgs, CFG, cache_dir=False) as rt:
+        backends = {id(n.dev.backend) for n in rt.nets}
+        origins = sorted(n.net.origin for n in rt.nets)
+        rep = rt.run(frames=3, feeds=_feeds(qgs, samples), progress=False)
+    assert len(backends) == 1
+    assert origins[0] == 0 and origins[1] > 0
+    assert rep.bit_exact is True and len(rep.frames) == 3 * len(NETS)
 
 
 def test_durations_from_the_metric_models_costs(qgs, samples):
