@@ -407,8 +407,12 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
             else:
                 c[lat_var[t.name]] += scale / t.deadline_s
     A = coo_matrix((R.v, (R.r, R.cidx)), shape=(len(R.lo), len(V.lb))).tocsr()
+    # the objective's raw coefficients are joules or seconds / deadline, as small as 1e-9:
+    # below HiGHS's tolerances every plan would look equally good, so scale it to 1
+    cmax = float(np.abs(c).max()) if len(c) else 0.0
+    cscale = 1.0 / cmax if cmax > 0 else 1.0
     t0 = time.perf_counter()
-    res = milp(c, constraints=LinearConstraint(A, R.lo, R.hi), integrality=np.array(V.integ),
+    res = milp(c * cscale, constraints=LinearConstraint(A, R.lo, R.hi), integrality=np.array(V.integ),
                bounds=Bounds(V.lb, V.ub),
                options={"time_limit": float(time_limit_s), "mip_rel_gap": mip_rel_gap,
                         "presolve": True})
@@ -422,7 +426,7 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
     assign = {}
     for (n, l), xs in X.items():
         assign.setdefault(n, {})[l] = max(xs, key=lambda k: res.x[xs[k]])
-    info["objective"] = float(res.fun)
+    info["objective"] = float(res.fun) / cscale
     return assign, info
 
 
@@ -482,10 +486,16 @@ def _norm(tasks, costs, rm, weights):
 
 def _why_infeasible(tasks, costs, rm, power_cap_w):
     """A sentence naming the bottleneck when no plan exists."""
-    # fastest possible per network (latency objective, no deadline): its bound
-    loose = [Task(t.name, t.period_s * 1e9, t.deadline_s * 1e9) for t in tasks]
-    a, _ = solve(loose, costs, rm, objective="latency", time_limit_s=10)
-    msgs = []
+    # each network's fastest plan on its own (latency objective, no deadline), then the
+    # bound of all of them together
+    a, msgs = {}, []
+    for t, nc in zip(tasks, costs):
+        one, _ = solve([Task(t.name, t.period_s * 1e9, t.deadline_s * 1e9)], [nc], rm,
+                       objective="latency", time_limit_s=10)
+        if one is None:
+            a = None
+            break
+        a.update(one)
     if a is not None:
         ev = evaluate(tasks, costs, rm, a)
         for t, nc in zip(tasks, costs):
@@ -493,7 +503,7 @@ def _why_infeasible(tasks, costs, rm, power_cap_w):
             if per["bound_s"] > t.deadline_s:
                 big = max(nc.layers, key=lambda L: min(o.latency_s for o in L.options.values()))
                 bo = min(big.options.values(), key=lambda o: o.latency_s)
-                msgs.append(f"{t.name}: the fastest plan takes {per['latency_s'] * 1e3:.3g} ms"
+                msgs.append(f"{t.name}: its fastest plan takes {per['latency_s'] * 1e3:.3g} ms"
                             + (f" (+{(per['bound_s'] - per['latency_s']) * 1e3:.3g} ms waiting "
                                "for the other networks)" if per['bound_s'] > per['latency_s'] else "")
                             + f" against a deadline of {t.deadline_s * 1e3:.3g} ms; its longest "

@@ -66,7 +66,7 @@ def test_infeasible_deadline_is_named(capsys):
     rc = main(["schedule", "digits-cnn", "--board", "pynq-z2", "--deadline-ms", "0.001"])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "no plan meets every deadline: digits-cnn: the fastest plan takes" in out
+    assert "no plan meets every deadline: digits-cnn: its fastest plan takes" in out
 
 
 @pytest.mark.parametrize("argv,msg", [
