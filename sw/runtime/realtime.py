@@ -1139,7 +1139,11 @@ def gantt_plan(result, path, frames=3):
 def gantt(report, path, frames=3, networks=None):
     """A Gantt chart of ``report`` (both resources) over the first ``frames`` frames of each
     network (``networks``: which, default all) saved to ``path``; returns the path."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("the Gantt chart needs matplotlib: pip install -e '.[plot]' (or drop "
+                          "--gantt)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch

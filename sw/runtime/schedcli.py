@@ -94,20 +94,14 @@ def plan_from_args(args, cfg, progress=None):
     if args.power_cap_w is not None and args.power_cap_w <= 0:
         raise ConfigError(f"--power-cap-w must be positive (got {args.power_cap_w:g})")
     from ..metrics.model import MetricModel
+    from ..sched.api import check_specs
     from ..sched.milp import parse_objective
     parse_objective(args.objective)
     specs = [(args.model, args.fps, args.deadline_ms)]
     for i, m in enumerate(args.also):
         specs.append((m, args.also_fps[i],
                       args.also_deadline_ms[i] if args.also_deadline_ms else None))
-    names = [_name(m) for m, _, _ in specs]
-    for (m, fps, d), name in zip(specs, names):
-        if fps is not None and fps <= 0:
-            raise ConfigError(f"{name}: --fps must be positive (got {fps:g})")
-        if d is not None and d <= 0:
-            raise ConfigError(f"{name}: --deadline-ms must be positive (got {d:g})")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"two networks are called {names[0]!r}; schedule each model once")
+    check_specs([(_name(m), fps, d) for m, fps, d in specs])
     mm = MetricModel(board=args.board or DEFAULT_BOARD, cfg=cfg, host=args.host)
     nets, graphs, notes = [], {}, []
     for model, fps, d in specs:

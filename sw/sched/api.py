@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass
 
 from ...errors import ConfigError
-from .milp import baselines, evaluate, schedule
+from .milp import baselines, schedule
 from .plan import Plan, Task
 
-__all__ = ["DEADLINE_FACTOR", "ScheduleResult", "plan_networks"]
+__all__ = ["DEADLINE_FACTOR", "ScheduleResult", "plan_networks", "check_specs"]
 
 #: without --deadline-ms or --fps the deadline is this multiple of the all-fabric latency
 DEADLINE_FACTOR = 1.5
@@ -79,6 +79,22 @@ class ScheduleResult:
         }
 
 
+def check_specs(specs):
+    """One-line errors for [(name, fps or None, deadline_ms or None)] before any work:
+    no network, a rate or deadline that is not positive, a name given twice."""
+    if not specs:
+        raise ConfigError("nothing to schedule: give at least one model")
+    seen = set()
+    for name, fps, deadline_ms in specs:
+        if fps is not None and fps <= 0:
+            raise ConfigError(f"{name}: --fps must be positive (got {fps:g})")
+        if deadline_ms is not None and deadline_ms <= 0:
+            raise ConfigError(f"{name}: --deadline-ms must be positive (got {deadline_ms:g})")
+        if name in seen:
+            raise ConfigError(f"two networks are called {name!r}; schedule each model once")
+        seen.add(name)
+
+
 def plan_networks(nets, board="ulx3s-85f", cfg=None, host="board", objective="energy",
                   power_cap_w=None, workers=None, clock_mhz=None, time_limit_s=30.0,
                   metric_model=None, splits=(0.25, 0.5, 0.75)):
@@ -87,11 +103,7 @@ def plan_networks(nets, board="ulx3s-85f", cfg=None, host="board", objective="en
     either gets :data:`DEADLINE_FACTOR` x its all-fabric latency as both. ``workers``: the
     CPU worker counts to try (default 1..the host's cores)."""
     from ..metrics.model import MetricModel
-    if not nets:
-        raise ConfigError("nothing to schedule: give at least one model")
-    names = [n[0] for n in nets]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"two networks are called {names[0]!r}; schedule each model once")
+    check_specs([(name, fps, d) for name, _, fps, d in nets])
     t0 = time.perf_counter()
     mm = metric_model or MetricModel(board=board, cfg=cfg, host=host, clock_mhz=clock_mhz)
     if workers is None:
@@ -107,10 +119,6 @@ def plan_networks(nets, board="ulx3s-85f", cfg=None, host="board", objective="en
     tasks = []
     w0 = max(workers)
     for i, (name, qg, fps, deadline_ms) in enumerate(nets):
-        if fps is not None and fps <= 0:
-            raise ConfigError(f"{name}: --fps must be positive (got {fps:g})")
-        if deadline_ms is not None and deadline_ms <= 0:
-            raise ConfigError(f"{name}: --deadline-ms must be positive (got {deadline_ms:g})")
         if fps is None and deadline_ms is None:
             probe = Task(name, 1e9, 1e9)
             _, ev = baselines([probe], [costs_by_w[w0][i]], rms[w0])["all_fabric"]
