@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, asdict, fields, is_dataclass
 import hashlib
+import math
 import json
 import os
 import struct
@@ -122,7 +123,7 @@ class TensorBuf:
 
     @property
     def pixels(self):
-        return int(np.prod(self.shape[:-1]))
+        return math.prod(int(v) for v in self.shape[:-1])
 
     @property
     def size(self):
@@ -135,6 +136,18 @@ class TensorBuf:
         buf = np.zeros((self.pixels, self.cp), np.int8)
         buf[:, :self.channels] = a
         return buf.tobytes()
+
+    def pack_into(self, arr, dst) -> None:
+        """:meth:`pack` straight into ``dst`` (uint8 or int8, ``size`` bytes)."""
+        d = np.asarray(dst).view(np.int8).reshape(self.pixels, self.cp)
+        d[:, :self.channels] = np.asarray(arr, np.int8).reshape(self.pixels, self.channels)
+        if self.cp != self.channels:
+            d[:, self.channels:] = 0
+
+    def unpack_view(self, buf) -> np.ndarray:
+        """:meth:`unpack` of an array of ``size`` bytes (a copy: ``buf`` may be reused)."""
+        a = np.asarray(buf).view(np.int8).reshape(self.pixels, self.cp)
+        return np.ascontiguousarray(a[:, :self.channels]).reshape(self.shape)
 
     def unpack(self, raw) -> np.ndarray:
         a = np.frombuffer(raw, np.int8, count=self.size).reshape(self.pixels, self.cp)

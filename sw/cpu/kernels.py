@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
+__all__ = ["AVAILABLE", "plan_prod_f32", "plan_gather_u8", "plan_finish", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
            "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
            "avgpool_rows", "lut1_range", "lut2_range"]
 
@@ -81,6 +81,87 @@ if AVAILABLE:
                 v = ((v + np.int64(2147483648)) & np.int64(4294967295)) - np.int64(2147483648)
                 out[i, j] = _rq(v, m[j], n[j], zy, lo, hi)
         return out
+
+    @njit(inline="always")
+    def _plan_gather(dram, words, idx, haspad, padv, A8):
+        """im2col of R-byte DRAM rows ``dram[idx]`` into int8 ``A8`` (flat, P*KR*R); where
+        ``haspad``, entries with ``padv != 256`` are the zero point ``padv``; ``words``: the
+        same DRAM as uint64 [rows, R / 8] when R is a multiple of 8 (a word at a time),
+        else an empty array."""
+        P, KR = idx.shape
+        R = dram.shape[1]
+        if words.shape[0] > 0:
+            nw = words.shape[1]
+            A64 = A8.view(np.uint64)
+            i = 0
+            for p in range(P):
+                for k in range(KR):
+                    if haspad and padv[p, k] != 256:
+                        z = np.int8(padv[p, k])
+                        for r in range(R):
+                            A8[i * 8 + r] = z
+                        i += nw
+                    else:
+                        row = idx[p, k]
+                        for w in range(nw):
+                            A64[i] = words[row, w]
+                            i += 1
+        else:
+            i = 0
+            for p in range(P):
+                for k in range(KR):
+                    pad = haspad and padv[p, k] != 256
+                    for r in range(R):
+                        A8[i] = np.int8(padv[p, k]) if pad else dram[idx[p, k], r]
+                        i += 1
+
+    @njit(inline="always")
+    def _plan_finish(acc, bias, m, n, zy, lo, hi, out, out_rows):
+        """``requantize(wrap32(acc + bias))`` of acc [P, tiles*C] scattered to the output
+        scratchpad rows ``out[out_rows[p, t], :]`` (int8 [rows, C])."""
+        C = out.shape[1]
+        for p in range(acc.shape[0]):
+            for t in range(out_rows.shape[1]):
+                o = out_rows[p, t]
+                for c in range(C):
+                    j = t * C + c
+                    v = np.int64(acc[p, j]) + bias[j]
+                    v = ((v + np.int64(2147483648)) & np.int64(4294967295)) - np.int64(2147483648)
+                    out[o, c] = _rq(v, m[j], n[j], zy, lo, hi)
+
+    @njit(**_jit)
+    def plan_prod_f32(dram, words, idx, haspad, padv, W, bias, m, n, zy, lo, hi, out, out_rows):
+        """One small product of the fast model's traced plan (dnnfab.sw.driver.fastplan), in
+        one call: the gather (:func:`_plan_gather`), the product with ``W`` (float32
+        [K, tiles*C]: exact integers while K <= 1024, every partial sum below 2^24), the
+        finish and scatter (:func:`_plan_finish`)."""
+        P, KR = idx.shape
+        R = dram.shape[1]
+        A8 = np.empty(P * KR * R, np.int8)
+        _plan_gather(dram, words, idx, haspad, padv, A8)
+        A = np.empty((P, KR * R), np.float32)
+        Af = A.reshape(-1)
+        for j in range(Af.size):
+            Af[j] = A8[j]
+        _plan_finish(np.dot(A, W), bias, m, n, zy, lo, hi, out, out_rows)
+
+    @njit(**_jit)
+    def plan_gather_u8(dram, words, idx, haspad, padv):
+        """The gather of :func:`plan_prod_f32` as uint8 codes + 128 [P, K] (onnxruntime's
+        u8 x u8 operand)."""
+        P, KR = idx.shape
+        R = dram.shape[1]
+        A8 = np.empty(P * KR * R, np.int8)
+        _plan_gather(dram, words, idx, haspad, padv, A8)
+        U = A8.view(np.uint8)
+        for j in range(U.size):
+            U[j] ^= np.uint8(0x80)
+        return U.reshape(P, KR * R)
+
+    @njit(**_jit)
+    def plan_finish(acc, bias, m, n, zy, lo, hi, out, out_rows):
+        """:func:`_plan_finish` as a call (the products onnxruntime computes)."""
+        _plan_finish(acc, bias, m, n, zy, lo, hi, out, out_rows)
 
     @njit(**_jit)
     def requant_rows_perm(acc, bias, m, n, zy, lo, hi, src, out):

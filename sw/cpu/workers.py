@@ -43,6 +43,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -892,8 +893,9 @@ class _Run:
     """One execution of a list of layers (topological order) on the pool. Every task is a
     wrapped slice; it returns the (prio, task) pairs it made ready."""
 
-    def __init__(self, workers, env, layers, progs=None):
+    def __init__(self, workers, env, layers, progs=None, times=None):
         self.env, self.pool = env, workers._pool
+        self.times = times          # {layer name: (start, end)} perf_counter, when given
         self.progs = workers._progs if progs is None else progs
         self.pos = workers._pos
         self.layers = list(layers)
@@ -923,6 +925,8 @@ class _Run:
         finishing it makes ready)."""
         if self.error is not None:
             return []
+        if self.times is not None:
+            self.times[L.name] = (time.perf_counter(), None)
         try:
             stages, finish = self.progs[id(L)].bind(self.env)
         except Exception as exc:  # noqa: BLE001 - reported to the caller with the layer
@@ -967,6 +971,8 @@ class _Run:
         return [(prio, wrap(fn)) for fn in tasks]
 
     def _layer_done(self, L):
+        if self.times is not None:
+            self.times[L.name] = (self.times[L.name][0], time.perf_counter())
         ready = []
         with self.lock:
             self.remaining -= 1
@@ -1002,9 +1008,10 @@ def _raise(L, exc):
                        "(run_reference shows the reference's own error)", layer=L.name) from exc
 
 
-def _run_inline(progs, env, layers):
+def _run_inline(progs, env, layers, times=None):
     """threads == 1: every layer's tasks in order in the calling thread, no queue."""
     for L in layers:
+        t0 = time.perf_counter()
         try:
             stages, finish = progs[id(L)].bind(env)
             for tasks in stages:
@@ -1014,6 +1021,8 @@ def _run_inline(progs, env, layers):
                 finish()
         except Exception as exc:  # noqa: BLE001
             _raise(L, exc)
+        if times is not None:
+            times[L.name] = (t0, time.perf_counter())
 
 
 def _shuffle_after(qg, L, cons, outputs):
@@ -1213,10 +1222,11 @@ class CpuWorkers:
         if self._closed:
             raise DnnfabError("CpuWorkers is closed; create a new CpuWorkers(qg) to run again")
 
-    def run_layers(self, env, layers):
+    def run_layers(self, env, layers, times=None):
         """Run ``layers`` (a list in topological order, layers of the bound graph) into
         ``env`` (a :class:`~dnnfab.sw.cpu.reference.Env` holding their inputs); layers
-        whose inputs are ready run concurrently, big ones sliced over all threads."""
+        whose inputs are ready run concurrently, big ones sliced over all threads.
+        ``times``: a dict that receives ``{layer name: (start, end)}`` (perf_counter)."""
         self._check_open()
         for L in layers:
             if id(L) not in self._progs:
@@ -1224,9 +1234,9 @@ class CpuWorkers:
                                   "CpuWorkers were built for; build CpuWorkers(qg) for its graph")
         with self._lock:
             if self.threads == 1:
-                _run_inline(self._progs, env, layers)
+                _run_inline(self._progs, env, layers, times)
             else:
-                _Run(self, env, layers).run()
+                _Run(self, env, layers, times=times).run()
         return env
 
     def run_layer(self, env, L):

@@ -56,6 +56,12 @@ class Backend:
     def dram_read(self, addr: int, n: int) -> bytes:
         raise NotImplementedError
 
+    def dram_read_into(self, addr: int, dst) -> None:
+        """Read ``dst.nbytes`` bytes at ``addr`` into the uint8 array ``dst`` (a backend
+        whose DRAM is host memory copies once)."""
+        import numpy as np
+        dst[:] = np.frombuffer(self.dram_read(addr, dst.nbytes), np.uint8)
+
     def wait_irq(self, timeout_s: float) -> bool:
         """Wait for the interrupt; False if none came within ``timeout_s``."""
         raise NotImplementedError

@@ -132,8 +132,8 @@ class DeviceBuffer(np.ndarray):
 
     def sync_from_device(self):
         self._contig()
-        raw = self._device.backend.dram_read(self.device_address, self.nbytes)
-        np.asarray(self).reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
+        self._device.backend.dram_read_into(self.device_address,
+                                            np.asarray(self).reshape(-1).view(np.uint8))
 
     def freebuffer(self):
         """PYNQ compatibility; the memory is returned when the device closes."""
@@ -147,6 +147,7 @@ class Device:
         self.cfg = backend.cfg
         self.regmap = accelerator_regmap(self.cfg)
         self.regs = Registers(self)
+        self._counter_offs = None
         self.closed = False
         self._check_identity()
 
@@ -188,7 +189,10 @@ class Device:
         """(STATUS or None, counters): one ``read_regs`` (STATUS first, then each counter's
         LO before its HI)."""
         rm = self.regmap
-        offs = [rm[f"{name}_{half}"].offset for name in COUNTERS for half in ("LO", "HI")]
+        offs = self._counter_offs
+        if offs is None:
+            offs = self._counter_offs = [rm[f"{name}_{half}"].offset for name in COUNTERS
+                                         for half in ("LO", "HI")]
         vals = self.backend.read_regs(([rm["STATUS"].offset] if status else []) + offs)
         st = RegValue(vals.pop(0), rm["STATUS"]) if status else None
         return st, {name.lower(): (int(vals[2 * i + 1]) << 32) | int(vals[2 * i])

@@ -38,7 +38,7 @@ from ...hw.spec import (Load, Store, Compute, TARGET_ACT, TARGET_WGT, TARGET_AUX
 from ..ir.qgraph import requantize
 from ..compiler.fastmodel import check_tokens, _wrap32
 from ..cpu.options import Options
-from .fastplan import trace, run_plan, exact_matmul, EXACT_K  # noqa: F401
+from .fastplan import trace, run_plan, exact_matmul, EXACT_K, PAGE  # noqa: F401
 
 __all__ = ["FastModel", "ModelFault", "exact_matmul"]
 
@@ -62,6 +62,22 @@ class _Program:
         self.traced = False
 
 
+class _OneThread:
+    """BLAS libraries set to one thread; :meth:`restore_original_limits` undoes it."""
+
+    def __init__(self, libs):
+        self.old = []
+        for lc in libs:
+            n = lc.num_threads
+            if n != 1:
+                lc.set_num_threads(1)
+                self.old.append((lc, n))
+
+    def restore_original_limits(self):
+        for lc, n in self.old:
+            lc.set_num_threads(n)
+
+
 class FastModel:
     """Executes programs on a model of the fabric (DRAM is a numpy uint8 array)."""
 
@@ -82,11 +98,14 @@ class FastModel:
         self.read_fault = None          # a byte address whose read beat answers SLVERR
         self.use_plan = True            # run traced plans (fastplan.py) where they apply
         self.plan_runs = 0
-        self._wlog = [np.zeros((0, 2), np.int64)]   # DRAM writes (host and stores), in order
-        self._wlog_n = 0
+        # DRAM writes (host and stores) as a write epoch per page: traced plans keep their
+        # operands cached until a page under them is written (fastplan._invalidate)
+        self.epoch = 0
+        self.page_epoch = np.zeros(len(self.dram) // PAGE + 1, np.int64)
         self._blas = None
         self.write_fault = None         # a byte address whose write answers SLVERR
         self._programs = {}
+        self._pcache = {}               # (base, count) -> (program, epoch checked, pages)
         self._geom = {}
         self._acache = {}
         self._pending = []
@@ -98,6 +117,9 @@ class FastModel:
             d = np.zeros(size, np.uint8)
             d[:len(self.dram)] = self.dram
             self.dram = d
+            pe = np.zeros(size // PAGE + 1, np.int64)
+            pe[:len(self.page_epoch)] = self.page_epoch
+            self.page_epoch = pe
 
     def write(self, addr, data):
         data = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).ravel()
@@ -105,27 +127,29 @@ class FastModel:
             raise FabricError(f"DRAM write at {addr:#x}+{len(data)} is beyond the model's "
                               f"{len(self.dram)} bytes")
         self.dram[addr:addr + len(data)] = data
-        self.log_writes(np.asarray([[addr, addr + len(data)]], np.int64))
+        self.log_writes(((addr, addr + len(data)),))
 
-    # the write log: traced plans keep operands cached until their DRAM bytes change
+    # the write epochs: traced plans keep operands cached until their DRAM bytes change
     def log_writes(self, ranges):
+        """Mark DRAM byte ranges [lo, hi) (int64 [n, 2]) as written now."""
         if len(ranges):
-            self._wlog.append(ranges)
-            self._wlog_n += len(ranges)
-            if len(self._wlog) > 256:
-                self._wlog = [np.concatenate(self._wlog)]
+            self.epoch += 1
+            pe = self.page_epoch
+            for lo, hi in ranges:
+                if hi > lo:
+                    pe[lo // PAGE:(hi - 1) // PAGE + 1] = self.epoch
 
-    def write_log_len(self):
-        return self._wlog_n
+    def mark_pages(self, pages):
+        """:meth:`log_writes` for a precomputed array of page numbers (a plan's stores)."""
+        if len(pages):
+            self.epoch += 1
+            self.page_epoch[pages] = self.epoch
 
-    def writes_since(self, pos):
-        """(lo, hi) arrays of the DRAM writes logged after position ``pos``."""
-        if pos >= self._wlog_n:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        allw = np.concatenate(self._wlog) if len(self._wlog) > 1 else self._wlog[0]
-        self._wlog = [allw]
-        new = allw[pos:]
-        return new[:, 0], new[:, 1]
+    def read_into(self, addr, dst):
+        n = dst.nbytes
+        if addr < 0 or addr + n > len(self.dram):
+            raise FabricError(f"DRAM read at {addr:#x}+{n} is beyond the model's {len(self.dram)} bytes")
+        dst[:] = self.dram[addr:addr + n]
 
     def read(self, addr, n):
         if addr < 0 or addr + n > len(self.dram):
@@ -141,6 +165,24 @@ class FastModel:
 
     # -- programs -------------------------------------------------------------------
     def _prepare(self, base, count):
+        # the program's bytes unchanged since the last look (no write to their pages):
+        # the same prepared program, without reading and hashing them again
+        hit = self._pcache.get((base, count))
+        if hit is not None:
+            prog, seen, pages = hit
+            if seen == self.epoch or (len(pages) and self.page_epoch[pages].max() <= seen) \
+                    or not len(pages):
+                self._pcache[(base, count)] = (prog, self.epoch, pages)
+                return prog
+        prog = self._prepare_bytes(base, count)
+        n = count * INSN_BYTES
+        pages = np.arange(base // PAGE, (base + n - 1) // PAGE + 1) if n else np.zeros(0, np.int64)
+        if len(self._pcache) > 64:
+            self._pcache.clear()
+        self._pcache[(base, count)] = (prog, self.epoch, pages)
+        return prog
+
+    def _prepare_bytes(self, base, count):
         raw = self.read(base, count * INSN_BYTES)
         key = hashlib.sha1(raw).digest() + base.to_bytes(8, "little")
         prog = self._programs.get(key)
@@ -242,14 +284,17 @@ class FastModel:
         """Limit BLAS to one thread while a program runs (restored after): the model's
         products are many and mid-sized, where a multithreaded BLAS spends more time
         waking its threads than computing (measured here: 13x512x1000 takes 44 ms on two
-        busy threads, 0.4 ms on one), and the session's CPU workers own the other cores."""
+        busy threads, 0.4 ms on one), and the session's CPU workers own the other cores.
+        The BLAS libraries are found once (threadpoolctl); each launch then only reads
+        and sets their thread counts."""
         if self._blas is None:
             try:
                 from threadpoolctl import ThreadpoolController
-                self._blas = ThreadpoolController()
+                self._blas = [lc for lc in ThreadpoolController().lib_controllers
+                              if lc.user_api == "blas"]
             except ImportError:
-                self._blas = False
-        return self._blas.limit(limits=1, user_api="blas") if self._blas else None
+                self._blas = []
+        return _OneThread(self._blas) if self._blas else None
 
     def _plan_ok(self, plan):
         """The launch-time checks of a traced plan: every transfer inside DRAM, every
@@ -360,7 +405,7 @@ class FastModel:
                 raise ModelFault(f"STORE insn {i}: AXI write error (SLVERR) at {beat:#x} (error 2)",
                                  ERR_AXI_WRITE, beat, i)
             dram[a:a + n] = view[off:off + n]
-            self.log_writes(np.asarray([[a, a + n]], np.int64))
+            self.log_writes(((a, a + n),))
         self.counters["dma_wr_bytes"] += n * len(rows)
 
     def _gather(self, st):

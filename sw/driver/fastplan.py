@@ -31,8 +31,12 @@ from ...hw.spec import TARGET_ACT, TARGET_WGT, TARGET_AUX, AUX_DTYPE, AUX_LANE_B
 from ..ir.qgraph import requantize
 from ..compiler.fastmodel import _wrap32
 from ..cpu import kernels as _kernels
+from ..cpu.engines import U8U8_MAX_K
 
 __all__ = ["Plan", "trace", "run_plan", "exact_matmul", "EXACT_K"]
+
+#: bytes per page of the fast model's DRAM write epochs (operand cache invalidation)
+PAGE = 256
 
 #: K chunk of the float32 products (see the module docstring)
 EXACT_K = 1024
@@ -256,6 +260,7 @@ def trace(fm, prog):
             os_ = np.asarray([s for _, s in g["out"]], np.int64)
             g["out_rows"] = ob[None, :] + np.arange(g["P"])[:, None] * os_[None, :]   # [P, n]
     ops = _merge_bands(ops, R, C)
+    ops = _merge_tiles([_flatten(op, R) for op in ops], R, C)
     # an operand block a store of this same program may overwrite is never cached
     st = np.asarray(stores, np.int64).reshape(-1, 2)
     gd = np.asarray(guards, np.int64).reshape(-1, 2)
@@ -266,7 +271,14 @@ def trace(fm, prog):
     plan.guards = gd
     plan.cacheable = ~self_hit
     plan.cache = {}
-    plan.log_pos = 0
+    plan.mcache = {}
+    plan.built = np.zeros(len(gd), np.int64)       # write epoch each cached operand was read at
+    plan.seen_epoch = -1
+    pages = [np.arange(lo // PAGE, (hi - 1) // PAGE + 1) for lo, hi in gd]
+    plan.guard_pages = np.concatenate(pages) if pages else np.zeros(0, np.int64)
+    plan.guard_off = np.cumsum([0] + [len(p) for p in pages[:-1]]).astype(np.int64)
+    sp = [np.arange(lo // PAGE, (hi - 1) // PAGE + 1) for lo, hi in st if hi > lo]
+    plan.store_pages = np.unique(np.concatenate(sp)) if sp else np.zeros(0, np.int64)
     return plan
 
 
@@ -288,28 +300,37 @@ def _src_rng(g, R):
     return (lo or 0, hi or 0)
 
 
+#: products below this many MACs go to float32 BLAS (exact for K <= EXACT_K), not to
+#: onnxruntime: its per-call cost (~30 us here) is more than a small product's whole time
+#: (measured at 224x40x32: 42 us onnxruntime, 20 us float32 with the int8 -> float32
+#: conversion; break-even near 2M MACs)
+SMALL_MACS = 1 << 21
+
 #: how far ahead (plan ops) :func:`_merge_bands` looks for a group with the same weights
 MERGE_WINDOW = 256
 
 
 def _merge_bands(ops, R, C):
     """Groups with the same weights (the row bands of a layer, also when the M tiles of a
-    grouped conv interleave them) become one product over their stacked rows ("bands"):
-    a later group is pulled forward to the first one when that changes nothing -- its
-    output rows are disjoint from those of every group it jumps over and from the bytes
-    every STORE it jumps over reads, and no such STORE writes DRAM it reads (activations,
-    weights, aux). A chunked job ends the search. The per-band products are the expensive
-    part of small-channel layers (one onnxruntime call each)."""
-    out, used, n = [], set(), len(ops)
+    grouped conv interleave them) become one product over their stacked rows ("bands"),
+    computed at the first one's place; each later band's output rows are still written
+    at that band's own place in the plan (a "scatter" op), so every write to the output
+    scratchpad keeps its order and a STORE in between copies what it copied before. What
+    moves is only the later bands' reads (activations, weights, aux): they move across
+    STOREs that must not write those DRAM bytes. A chunked job ends the search. The
+    per-band products are the expensive part of small-channel layers (one product each)."""
+    out, used, n = [], {}, len(ops)
     for i in range(n):
         if i in used:
+            out.append(("scatter", used.pop(i)))
             continue
         kind, g = ops[i]
         if kind != "group":
             out.append(ops[i])
             continue
         key, members = _wkey(g), [g]
-        stores, others = [], [g["out_rows"].ravel()]
+        bands = {"members": members, "gid": g["gid"]}
+        stores = []
         for j in range(i + 1, min(n, i + MERGE_WINDOW)):
             if j in used:
                 continue
@@ -319,18 +340,106 @@ def _merge_bands(ops, R, C):
                 continue
             if k2 != "group":
                 break
-            rows = h["out_rows"].ravel()
             if _wkey(h) != key:
+                continue
+            src = _src_rng(h, R)
+            if any(a < hi and lo < a + nb for srows, nb in stores for a, _ in srows
+                   for lo, hi in (src, h["guard"])):
+                break                               # a store in between writes what it reads
+            used[j] = (bands, len(members))
+            members.append(h)
+        out.append(("group", g) if len(members) == 1 else ("bands", bands))
+    return out
+
+
+def _flatten(op, R):
+    """A "group" or "bands" op as one "prod": its whole im2col as a single gather (absolute
+    DRAM row indices [P, K/R], the padding mask and its fill) and all its output rows as a
+    single scatter ([P, tiles]), so a run costs one fancy index each way whatever the
+    number of bands and K parts. Other ops pass through."""
+    kind, g = op
+    if kind not in ("group", "bands"):
+        return op
+    ms = g["members"] if kind == "bands" else [g]
+    idx_rows, pad_rows, fills = [], [], []
+    for h in ms:
+        cols, pads, fl = [], [], []
+        for idx, pad, a_off, zx_row, k in h["parts"]:
+            cols.append((idx + a_off).reshape(h["P"], k // R))
+            pm = np.zeros(idx.shape, bool) if pad is None else pad
+            pads.append(pm.reshape(h["P"], k // R))
+            fl.append(np.full((h["P"], k // R), zx_row))
+        ci, cp = np.concatenate(cols, 1), np.concatenate(pads, 1)
+        idx_rows.append(np.where(cp, 0, ci))
+        pad_rows.append(cp)
+        fills.append(np.concatenate(fl, 1)[cp])
+    idx, pad = np.concatenate(idx_rows), np.concatenate(pad_rows)
+    fill = np.concatenate(fills)
+    if not pad.any():
+        pad = fill = None
+    elif (fill == fill[0]).all():
+        fill = fill[0]
+    g0 = ms[0]
+    prod = {"idx": idx, "pad": pad, "fill": fill, "P": idx.shape[0],
+            "K": g0["K"], "zy": g0["zy"], "lo": g0["lo"], "hi": g0["hi"],
+            "gids": [g0["gid"]], "ops": [g0], "out_rows": g0["out_rows"],
+            "src": [_src_rng(h, R) for h in ms], "guards": [g0["guard"]]}
+    if len(ms) > 1:                 # hoisted bands: the product into a buffer, then scatters
+        tiles = g0["out_rows"].shape[1]
+        prod["segs"] = []
+        r = 0
+        for h in ms:
+            prod["segs"].append((r, r + h["P"], np.ascontiguousarray(h["out_rows"], np.int64)))
+            r += h["P"]
+        prod["buf_rows"] = np.arange(r * tiles, dtype=np.int64).reshape(r, tiles)
+        g["prod"] = prod            # the "scatter" ops of the later bands find it here
+    return ("prod", prod)
+
+
+def _merge_tiles(ops, R, C):
+    """"prod" ops that gather the same activations with the same requantize clamp (the M
+    tiles of a layer that the instruction order visits one weight tile at a time, e.g.
+    every group of a grouped conv) become one product over their concatenated weight
+    columns -- under :func:`_merge_bands`' conditions for pulling a later op forward."""
+    out, used, n = [], set(), len(ops)
+    for i in range(n):
+        if i in used:
+            continue
+        kind, g = ops[i]
+        if kind != "prod" or "segs" in g:
+            if kind == "prod":
+                _engine(g, R, C)
+            out.append(ops[i])
+            continue
+        members, stores, others = [g], [], [g["out_rows"].ravel()]
+        for j in range(i + 1, min(n, i + MERGE_WINDOW)):
+            if j in used:
+                continue
+            k2, h = ops[j]
+            if k2 == "store":
+                stores.append(h)
+                continue
+            if k2 == "scatter":
+                break                       # a write to the output rows in between
+            if k2 != "prod" or "segs" in h:
+                break
+            rows = h["out_rows"].ravel()
+            same = (h["K"] == g["K"] and h["P"] == g["P"] and
+                    (h["zy"], h["lo"], h["hi"]) == (g["zy"], g["lo"], g["hi"]) and
+                    np.array_equal(h["idx"], g["idx"]) and
+                    ((h["pad"] is None and g["pad"] is None) or
+                     (h["pad"] is not None and g["pad"] is not None and
+                      np.array_equal(h["pad"], g["pad"]) and np.array_equal(h["fill"], g["fill"]))))
+            if not same:
                 others.append(rows)
                 continue
-            ok = not any(np.intersect1d(rows, o, assume_unique=False).size for o in others[1:])
+            ok = not any(np.intersect1d(rows, o).size for o in others)
             ob = rows * C
-            src = _src_rng(h, R)
             for srows, nb in stores:
                 for a, off in srows:
                     if ((ob + C > off) & (ob < off + nb)).any():
                         ok = False                  # it would overwrite what the store reads
-                    for lo, hi in (src, h["guard"]):
+                    for lo, hi in h["src"] + h["guards"]:
                         if a < hi and lo < a + nb:
                             ok = False              # the store writes what it reads
             if not ok:
@@ -338,11 +447,30 @@ def _merge_bands(ops, R, C):
             members.append(h)
             others.append(rows)
             used.add(j)
-        if len(members) == 1:
-            out.append(("group", g))
-        else:
-            out.append(("bands", {"members": members, "gid": members[0]["gid"]}))
+        if len(members) > 1:
+            g = dict(g, gids=[x for h in members for x in h["gids"]],
+                     ops=[x for h in members for x in h["ops"]],
+                     out_rows=np.concatenate([h["out_rows"] for h in members], 1))
+        _engine(g, R, C)
+        out.append(("prod", g))
     return out
+
+
+def _engine(g, R, C):
+    """A "prod"'s product engine (float32 BLAS below SMALL_MACS) and its padding as the
+    kernels take it."""
+    if True:
+        g["f32"] = g["K"] <= EXACT_K and g["P"] * g["K"] * g["out_rows"].shape[1] * C < SMALL_MACS
+        if g["pad"] is None:
+            g["padv"] = np.zeros((1, 1), np.int16)
+        else:
+            g["padv"] = np.full(g["pad"].shape, 256, np.int16)
+            fill = g["fill"]
+            fz = (np.frombuffer(fill.tobytes(), np.int8)[::R] if np.ndim(fill)
+                  else np.int8(np.frombuffer(fill.tobytes(), np.int8)[0]))
+            g["padv"][g["pad"]] = fz
+        g["out_rows"] = np.ascontiguousarray(g["out_rows"], np.int64)
+        g["idx"] = np.ascontiguousarray(g["idx"], np.int64)
 
 
 def _combine(ops, clobbered, R):
@@ -461,22 +589,21 @@ def _lanes(dram, addrs, C):
 
 
 def _invalidate(fm, plan):
-    """Drop cached operands whose DRAM bytes were written since this plan last ran (host
-    writes and every launch's stores go to ``fm``'s write log)."""
-    lo, hi = fm.writes_since(plan.log_pos)
-    plan.log_pos = fm.write_log_len()
-    if not plan.cache or not len(lo):
+    """Drop cached operands whose DRAM pages were written since they were read (host
+    writes and every launch's stores bump the pages' write epochs in ``fm``)."""
+    if plan.seen_epoch == fm.epoch:
         return
-    gd = plan.guards
-    ids = np.fromiter(plan.cache.keys(), np.int64)
-    g = gd[ids]
-    hit = ((lo[None, :] < g[:, 1:2]) & (g[:, 0:1] < hi[None, :])).any(1)
-    for k in ids[hit]:
-        del plan.cache[int(k)]
+    plan.seen_epoch = fm.epoch
+    if not plan.cache:
+        return
+    last = np.maximum.reduceat(fm.page_epoch[plan.guard_pages], plan.guard_off)
+    for k in [k for k in plan.cache if last[k] > plan.built[k]]:
+        del plan.cache[k]
 
 
-def _operands(dram, dram_i8, plan, g, C, kind):
-    """(W float32 [K, n*C], aux lanes) of a group or chunk, cached when allowed."""
+def _operands(dram, dram_i8, plan, g, C, kind, f32=False):
+    """(W [K, n*C] in its product's form, aux lanes) of a group or chunk, cached when
+    allowed; ``f32``: float32 for BLAS whatever :func:`_operand` would pick."""
     hit = plan.cache.get(g["gid"])
     if hit is not None:
         return hit
@@ -501,10 +628,31 @@ def _operands(dram, dram_i8, plan, g, C, kind):
         lanes = (np.ascontiguousarray(lane["bias"], np.int64).ravel(),
                  np.ascontiguousarray(lane["m"], np.int64).ravel(),
                  np.ascontiguousarray(lane["n"], np.int64).ravel())
-    W = _operand(W)
+    W = W.astype(np.float32) if f32 else _operand(W)
     if plan.cacheable[g["gid"]]:
         plan.cache[g["gid"]] = (W, lanes)
+        plan.built[g["gid"]] = plan.seen_epoch
     return W, lanes
+
+
+def _prod_operands(dram, dram_i8, plan, g, C):
+    """The operands of a "prod": those of its one group, or its groups' side by side (kept
+    while every part is the cached object it was built from)."""
+    f32 = g["f32"]
+    if len(g["ops"]) == 1:
+        return _operands(dram, dram_i8, plan, g["ops"][0], C, "group", f32)
+    parts = [_operands(dram, dram_i8, plan, h, C, "group", f32) for h in g["ops"]]
+    key = id(g)
+    hit = plan.mcache.get(key)
+    if hit is not None and len(hit[0]) == len(parts) and all(a is b for a, b in zip(hit[0], parts)):
+        return hit[1]
+    W = np.concatenate([p[0] for p in parts], 1)
+    lanes = tuple(np.concatenate([p[1][i] for p in parts]) for i in range(3))
+    plan.mcache[key] = (parts, (W, lanes))
+    return W, lanes
+
+
+_NO_WORDS = np.zeros((0, 1), np.uint64)
 
 
 def run_plan(fm, plan):
@@ -516,24 +664,43 @@ def run_plan(fm, plan):
     n8 = len(dram) // R * R
     dram_rows = dram[:n8].view(np.dtype((np.void, R)))
     dram_i8 = dram.view(np.int8)
+    dram2 = dram_i8[:n8].reshape(-1, R)
+    words = dram[:n8].view(np.uint64).reshape(-1, R // 8) if R % 8 == 0 else _NO_WORDS
     out = fm.out.reshape(-1, C)
     out_u8 = fm.out.view(np.uint8)
+    bufs = {}
     for kind, g in plan.ops:
-        if kind == "group":
-            A = _group_activations(dram_rows, g)
-            W, (bias, m, nn) = _operands(dram, dram_i8, plan, g, C, kind)
-            y = _finish(_product(A, W), bias, m, nn, g["zy"], g["lo"],
-                        g["hi"])
-            out[g["out_rows"]] = y.reshape(g["P"], len(g["w_segs"]), C)
-        elif kind == "bands":
-            ms = g["members"]
-            A = np.concatenate([_group_activations(dram_rows, h) for h in ms])
-            W, (bias, m, nn) = _operands(dram, dram_i8, plan, ms[0], C, "group")
-            y = _finish(_product(A, W), bias, m, nn, ms[0]["zy"], ms[0]["lo"], ms[0]["hi"])
-            r = 0
-            for h in ms:
-                out[h["out_rows"]] = y[r:r + h["P"]].reshape(h["P"], len(h["w_segs"]), C)
-                r += h["P"]
+        if kind == "prod":
+            if "segs" in g:             # hoisted bands: into a buffer, the first band's rows now
+                tgt = np.empty((g["buf_rows"].size, C), np.int8)
+                tgt_rows = g["buf_rows"]
+            else:
+                tgt, tgt_rows = out, g["out_rows"]
+            W, (bias, m, nn) = _prod_operands(dram, dram_i8, plan, g, C)
+            zy, lo, hi = np.int64(g["zy"]), np.int64(g["lo"]), np.int64(g["hi"])
+            if _kernels.AVAILABLE and g["f32"]:
+                _kernels.plan_prod_f32(dram2, words, g["idx"], g["pad"] is not None, g["padv"],
+                                       W, bias, m, nn, zy, lo, hi, tgt, tgt_rows)
+            elif _kernels.AVAILABLE and W.dtype == np.uint8:
+                A = _kernels.plan_gather_u8(dram2, words, g["idx"], g["pad"] is not None, g["padv"])
+                acc = _matmul().sess.run(None, {"a": A, "b": W})[0]
+                _kernels.plan_finish(acc, bias, m, nn, zy, lo, hi, tgt, tgt_rows)
+            else:
+                A = dram_rows[g["idx"]]
+                if g["pad"] is not None:
+                    A[g["pad"]] = g["fill"]
+                A = A.view(np.int8).reshape(g["P"], g["K"])
+                y = _finish(_product(A, W), bias, m, nn, g["zy"], g["lo"], g["hi"])
+                tgt[tgt_rows] = y.reshape(g["P"], -1, C)
+            if "segs" in g:
+                bufs[id(g)] = tgt
+                r0, r1, rows = g["segs"][0]
+                out[rows] = tgt.reshape(g["P"], -1, C)[r0:r1]
+        elif kind == "scatter":
+            bands, k = g
+            p = bands["prod"]
+            r0, r1, rows = p["segs"][k]
+            out[rows] = bufs[id(p)].reshape(p["P"], -1, C)[r0:r1]
         elif kind == "chunk":
             c = g["c"]
             A = _activations(dram_rows, g)
@@ -553,4 +720,4 @@ def run_plan(fm, plan):
             rows, n = g
             for a, off in rows:
                 dram[a:a + n] = out_u8[off:off + n]
-    fm.log_writes(plan.stores)
+    fm.mark_pages(plan.store_pages)

@@ -70,6 +70,9 @@ class ModelBackend(Backend):
     def dram_read(self, addr, n):
         return self.fm.read(addr, n)
 
+    def dram_read_into(self, addr, dst):
+        self.fm.read_into(addr, dst)
+
     # -- registers ---------------------------------------------------------------------
     def read_reg(self, offset):
         r = self._by_off.get(offset)

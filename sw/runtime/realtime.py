@@ -518,10 +518,10 @@ class Runtime:
             t = net.tensors[b]
             name = _tensor_of(b)
             arr = frame.env.cl(name) if t.kind == "conv" else frame.env.lg(name)
-            raw = np.frombuffer(t.pack(arr), np.uint8)
             lo = t.addr - n.base
-            mem[lo:lo + len(raw)] = raw
-            mem[lo:lo + len(raw)].sync_to_device()
+            view = mem[lo:lo + t.size]
+            t.pack_into(arr, view)
+            view.sync_to_device()
             timeout = self._timeout if self._timeout is not None else \
                 1.0 + 20 * run.cycles / (self.cfg.clock_mhz * 1e6)
             counters = n.dev.run(driver.Program(run.prog_addr, run.n_insns, run.out_window[0],
@@ -531,7 +531,7 @@ class Runtime:
             lo = t.addr - n.base
             view = mem[lo:lo + t.size]
             view.sync_from_device()
-            frame.env.put(_tensor_of(b), t.unpack(view.tobytes()),
+            frame.env.put(_tensor_of(b), t.unpack_view(view),
                           "cl" if t.kind == "conv" else "lg")
             return int(counters["cycles"]), None
         except FabricError as exc:

@@ -293,14 +293,25 @@ class InferenceSession:
             self._profile = [self._cpu_record(L, None) for L in qg.layers]
             return out
         t0 = time.perf_counter()
+        cpu = []                 # consecutive CPU layers: one call, independent ones at once
+
+        def flush():
+            times = {}
+            self._workers.run_layers(env, cpu, times)
+            for L in cpu:
+                a, b = times.get(L.name, (None, None))
+                prof.append(self._cpu_record(L, None if b is None else b - a))
+            cpu.clear()
+
         for kind, what in self.net.steps:
             if kind == "cpu":
-                L = by_name[what]
-                t1 = time.perf_counter()
-                self._workers.run_layer(env, L)
-                prof.append(self._cpu_record(L, time.perf_counter() - t1))
-            else:
-                prof.extend(self._run_fabric(self.net.runs[what], env, by_name))
+                cpu.append(by_name[what])
+                continue
+            if cpu:
+                flush()
+            prof.extend(self._run_fabric(self.net.runs[what], env, by_name))
+        if cpu:
+            flush()
         self.last_run_ms = (time.perf_counter() - t0) * 1e3
         self._profile = prof
         self.last_env = env         # every tensor of the last run (checks, e.g. dnnfab cosim)
@@ -328,10 +339,10 @@ class InferenceSession:
                 t = net.tensors[b]
                 name = self._tensor_of(b)
                 arr = env.cl(name) if t.kind == "conv" else env.lg(name)
-                raw = np.frombuffer(t.pack(arr), np.uint8)
                 lo = t.addr - base
-                mem[lo:lo + len(raw)] = raw
-                mem[lo:lo + len(raw)].sync_to_device()
+                view = mem[lo:lo + t.size]
+                t.pack_into(arr, view)
+                view.sync_to_device()
             timeout = self._timeout if self._timeout is not None else \
                 self.dev.backend.launch_timeout(run.cycles)
             try:
@@ -349,7 +360,7 @@ class InferenceSession:
                 lo = t.addr - base
                 view = mem[lo:lo + t.size]
                 view.sync_from_device()
-                env.put(self._tensor_of(b), t.unpack(view.tobytes()),
+                env.put(self._tensor_of(b), t.unpack_view(view),
                         "cl" if t.kind == "conv" else "lg")
         except FabricError as exc:
             return self._fallback(run, env, by_name, exc)
