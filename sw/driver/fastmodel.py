@@ -288,6 +288,10 @@ class FastModel:
         The BLAS libraries are found once (threadpoolctl); each launch then only reads
         and sets their thread counts."""
         if self._blas is None:
+            try:                        # numba's np.dot (the plan kernels) calls scipy's BLAS
+                import scipy.linalg.cython_blas  # noqa: F401 - loaded, so it is found below
+            except ImportError:         # pragma: no cover - scipy is a dependency
+                pass
             try:
                 from threadpoolctl import ThreadpoolController
                 self._blas = [lc for lc in ThreadpoolController().lib_controllers

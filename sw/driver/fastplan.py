@@ -1,5 +1,5 @@
 """The fast model's compiled form of a program: what the instruction stream computes, as
-a few large numpy operations per launch.
+a few large operations per launch.
 
 Addresses in this instruction set never depend on data. So once per program (cached by
 its bytes) :func:`trace` plays the steps in the token machine's take order *on addresses
@@ -10,6 +10,12 @@ came from one contiguous load, the compiler's layout), its weight block and aux 
 are DRAM addresses. COMPUTEs that share their activations and start and finish their
 accumulators are one matrix product (the M tiles of a band); chunked ones accumulate
 into the model's accumulator array; STOREs copy the output scratchpad to DRAM as before.
+The row bands of a layer (same weights) become one product computed at the first band
+(:func:`_merge_bands`), each band's rows still written at its own place; products that
+gather the same activations become one over their weight columns (:func:`_merge_tiles`).
+Each product is a "prod" op with its gather and scatter as flat index arrays, run by one
+numba call (:func:`~dnnfab.sw.cpu.kernels.plan_prod_f32`: float32 BLAS below
+:data:`SMALL_MACS`) or a numba gather, an onnxruntime u8 x u8 product and a numba finish.
 
 The trace is *checked*, never assumed: it gives up (the model then executes instruction
 by instruction, :class:`~.fastmodel.FastModel`'s step path) when a COMPUTE reads a
@@ -31,7 +37,6 @@ from ...hw.spec import TARGET_ACT, TARGET_WGT, TARGET_AUX, AUX_DTYPE, AUX_LANE_B
 from ..ir.qgraph import requantize
 from ..compiler.fastmodel import _wrap32
 from ..cpu import kernels as _kernels
-from ..cpu.engines import U8U8_MAX_K
 
 __all__ = ["Plan", "trace", "run_plan", "exact_matmul", "EXACT_K"]
 
@@ -564,15 +569,6 @@ def _activations(dram_rows, g):
     """A chunk's im2col [P, K] as float32: one gather of R-byte rows (``dram_rows`` is DRAM
     viewed as one opaque R-byte element per row, so each element is one copy)."""
     return _gather(dram_rows, g["idx"], g["pad"], g["a_off"], g["zx_row"]).reshape(g["P"], g["K"])
-
-
-def _group_activations(dram_rows, g):
-    parts = g["parts"]
-    if len(parts) == 1:
-        idx, pad, a_off, zx_row, k = parts[0]
-        return _gather(dram_rows, idx, pad, a_off, zx_row).reshape(g["P"], k)
-    return np.concatenate([_gather(dram_rows, idx, pad, a_off, zx_row).reshape(g["P"], k)
-                           for idx, pad, a_off, zx_row, k in parts], axis=1)
 
 
 def _gather(dram_rows, idx, pad, a_off, zx_row):
