@@ -147,7 +147,7 @@ class TensorBuf:
     def unpack_view(self, buf) -> np.ndarray:
         """:meth:`unpack` of an array of ``size`` bytes (a copy: ``buf`` may be reused)."""
         a = np.asarray(buf).view(np.int8).reshape(self.pixels, self.cp)
-        return np.ascontiguousarray(a[:, :self.channels]).reshape(self.shape)
+        return np.array(a[:, :self.channels], order="C").reshape(self.shape)   # always a copy
 
     def unpack(self, raw) -> np.ndarray:
         a = np.frombuffer(raw, np.int8, count=self.size).reshape(self.pixels, self.cp)

@@ -71,6 +71,27 @@ def test_bundled_models_bit_exact_and_onnxruntime_api(name, cache):
     assert sess.dev.backend.launches == 2 * len(sess.net.runs)
 
 
+def test_results_are_the_callers_own_arrays(cache):
+    """Outputs (and every tensor a fabric launch returns) are copies: the next run, which
+    writes the same device buffers, must not change what an earlier run returned (a view
+    of a device buffer whose channels need no padding once aliased them)."""
+    sess = dnnfab.InferenceSession("digits-cnn", cache_dir=cache)
+    inp, = sess.get_inputs()
+    from dnnfab.models import datasets
+    x = datasets.digits_split()[2][:3]
+    first = sess.run_int({inp.name: x[:1]})
+    kept = {k: v.copy() for k, v in first.items()}
+    env = sess.last_env
+    for k, v in first.items():
+        assert v.base is None or not np.shares_memory(v, np.asarray(sess._mem)), k
+    for _ in range(2):
+        sess.run_int({inp.name: x[1:2]})
+    assert all(np.array_equal(first[k], kept[k]) for k in kept)
+    ref = run_reference(sess.qg, sess.qg.quantize_inputs({inp.name: x[:1]}))
+    assert all(np.array_equal(first[k], ref[k]) for k in ref)
+    assert env is not sess.last_env
+
+
 @pytest.mark.parametrize("name", LIGHT)
 def test_zoo_models_bit_exact(name, cache):
     with warnings.catch_warnings():
