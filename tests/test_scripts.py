@@ -30,6 +30,20 @@ def test_bench_gemm_small():
     assert all(e["gops"] > 0 for e in res["engines"])
 
 
+def test_bench_runtime_small(tmp_path):
+    """The real-mode benchmark in small: a plan for this machine run for real, digits-cnn
+    at 25 fps with eeg-seizure, 150 frames; no miss, bit-exact, the plan's bound inside
+    the deadline less its margin."""
+    out_file = tmp_path / "r.json"
+    _run("scripts/bench_runtime.py", "--frames", "150", "--fps", "25", "--json", str(out_file),
+         timeout=900)
+    out = json.loads(out_file.read_text())
+    assert out["feasible"] and out["deadline_misses"] == 0 and out["bit_exact"] is True
+    d = out["networks"]["digits-cnn"]
+    assert d["frames"] > 100 and d["plan_bound_ms"] <= 0.7 * d["deadline_ms"] + 1e-9
+    assert out["runtime_layer_s"] > 0
+
+
 @pytest.mark.cosim
 @VERILATOR
 def test_fuzz_rtl_script_small(tmp_path):

@@ -81,7 +81,7 @@ class MetricModel:
     measurement; ``cache_dir``: compiled-network cache (None: the default, False: none)."""
 
     def __init__(self, board="ulx3s-85f", cfg=None, host="board", clock_mhz=None, profile=None,
-                 repeats=5, cache_dir=None):
+                 repeats=5, cache_dir=None, emulation=None):
         if host not in HOSTS:
             raise ConfigError(f"host {host!r}: use one of {', '.join(HOSTS)}")
         self.board = get_board(board)
@@ -95,6 +95,11 @@ class MetricModel:
         self.repeats = repeats
         self.cache_dir = cache_dir
         self._profile = profile
+        # host "local": what this machine's model backend takes per launch (an object
+        # with launch_s(compiled network) -> {layer: s}, dnnfab.sw.driver.emulation); a
+        # fabric layer then lasts max(board time, emulation time) -- a real run here
+        # cannot be faster than the model computes
+        self.emulation = emulation if host == "local" else None
         self._used = {}
         self._ff = None
         self._nets = {}
@@ -179,7 +184,8 @@ class MetricModel:
         self._record("clock.mhz", self.clock_mhz, "clock_mhz argument" if self.clock_mhz !=
                      float(self.board.clock_mhz) else self.board.clock_basis)
         if self.host == "local":
-            for k in ("cpu_active_w_per_core", "layer_overhead_s", "eltwise_bytes_per_s"):
+            for k in ("cpu_active_w_per_core", "layer_overhead_s", "eltwise_bytes_per_s",
+                      "runtime_layer_s"):
                 self.const("local_host", k)
         else:
             for k in ("clock_mhz", "cores", "cycles_per_mac", "depthwise_cycles_per_mac",
@@ -210,8 +216,9 @@ class MetricModel:
                              sources={k: v["source"] for k, v in self.sources().items()})
 
     # ------------------------------------------------------------------ fabric
-    def fabric_option(self, info, key="fabric", channels=0):
-        """An Option for a fabric layer from its compiled LayerInfo (standalone run)."""
+    def fabric_option(self, info, key="fabric", channels=0, emulation_s=None):
+        """An Option for a fabric layer from its compiled LayerInfo (standalone run);
+        ``emulation_s``: this machine's measured launch time (host local), a floor."""
         clk = self.clock_mhz * 1e6
         cyc = int(info.cycles)
         nbytes = int(info.dram_rd_bytes + info.dram_wr_bytes)
@@ -221,6 +228,11 @@ class MetricModel:
         t_dram = nbytes / bw
         t_launch = self.launch_s()
         busy = max(t_compute, t_dram) + t_launch
+        board_s = busy
+        if emulation_s is not None and emulation_s > busy:
+            busy = float(emulation_s)
+        rt = self.runtime_layer_s()
+        busy += rt
         ff = self.fabric_ff()
         e_ff = self.const("power", "ff_toggle_pj") * 1e-12 * ff * self.const("power", "toggle_rate") * cyc
         e_dram = self.const("power", "dram_pj_per_byte") * 1e-12 * nbytes
@@ -229,7 +241,9 @@ class MetricModel:
         det = {"cycles": cyc, "dram_bytes": nbytes, "compute_s": t_compute, "dram_s": t_dram,
                "launch_s": t_launch, "host_cpu_s": t_launch, "bound": "dram" if t_dram > t_compute else "compute",
                "clock_mhz": self.clock_mhz, "ff": ff, "energy_ff_j": e_ff, "energy_dram_j": e_dram,
-               "energy_launch_j": e_launch, "macs": int(info.macs), "hw_macs": int(info.hw_macs)}
+               "energy_launch_j": e_launch, "macs": int(info.macs), "hw_macs": int(info.hw_macs),
+               "board_s": board_s, "emulation_s": emulation_s, "runtime_s": rt,
+               "bound_by_emulation": busy > board_s}
         return Option(key, fabric_s=busy, latency_s=busy, energy_j=e_ff + e_dram + e_launch,
                       fabric_channels=channels, detail=det)
 
@@ -276,9 +290,15 @@ class MetricModel:
                      f"{self.repeats} CpuWorkers.run_layer runs per layer")
         return {n: v[int(workers)] for n, v in res.items()}
 
+    def runtime_layer_s(self):
+        """Host local: what the real-time runtime adds to each layer on this machine (its
+        dispatch, thread hand-offs and the hold's overshoot, measured); board: 0 (the
+        board's per-layer costs are in its launch and CPU models)."""
+        return self.const("local_host", "runtime_layer_s") if self.host == "local" else 0.0
+
     def cpu_option(self, qg, L, workers, local_ms=None):
         if self.host == "local":
-            t = local_ms[L.name] / 1e3
+            t = local_ms[L.name] / 1e3 + self.runtime_layer_s()
             n = int(workers)
             p = self.const("local_host", "cpu_active_w_per_core")
             det = {"model": "profile", "ms": local_ms[L.name], "threads": n}
@@ -294,8 +314,8 @@ class MetricModel:
         out_b = _nbytes(qg.shape(L.output))
         fab_out = int(round(out_b * c / cout))
         if self.host == "local":
-            ovh = self.const("local_host", "layer_overhead_s")
-            cpu_t = cpu_opt.cpu_s * frac_cpu + ovh
+            ovh = self.const("local_host", "layer_overhead_s") + self.runtime_layer_s()
+            cpu_t = (cpu_opt.cpu_s - self.runtime_layer_s()) * frac_cpu + ovh
             p1 = self.const("local_host", "cpu_active_w_per_core")
             cpu_e = p1 * int(workers) * cpu_t
             join = out_b / self.const("local_host", "eltwise_bytes_per_s")
@@ -319,6 +339,15 @@ class MetricModel:
                       energy_j=e, fabric_channels=c, detail=det)
 
     # ------------------------------------------------------------------ network
+    def _emulated(self, net):
+        """{layer: this machine's launch seconds} (host local with an emulation), else {}."""
+        if self.emulation is None:
+            return {}
+        self._record("local.emulation", "max(board, measured)",
+                     "measured: LaunchProfile (dnnfab.sw.driver.emulation), median of the "
+                     "model backend's standalone launches on this machine")
+        return self.emulation.launch_s(net)
+
     def compiled(self, qg, splits=None):
         """The network compiled with every fabric layer standalone (chain=False); kept in
         memory per graph object and split plan (and on disk by compile_network)."""
@@ -341,6 +370,7 @@ class MetricModel:
             raise ConfigError(f"workers={workers}: at least 1")
         res = self.resources(workers)
         net = self.compiled(qg)
+        emu0 = self._emulated(net)
         local_ms = self._local_ms(qg, workers) if self.host == "local" else None
         producer = {L.output: L.name for L in qg.layers}
         graph_in = {t.name for t in qg.inputs}
@@ -360,10 +390,11 @@ class MetricModel:
             if not plan:
                 continue
             snet = self.compiled(qg, plan)
+            emu = self._emulated(snet)
             for n, c in plan.items():
                 hi = snet.layers.get(n + FAB_SUFFIX)
                 if hi is not None and hi.target == "fabric":
-                    split_infos.setdefault(n, {})[c] = hi
+                    split_infos.setdefault(n, {})[c] = (hi, emu.get(n + FAB_SUFFIX))
         layers = []
         for L in qg.layers:
             info = net.layers[L.name]
@@ -376,9 +407,9 @@ class MetricModel:
             opts = {"cpu": self.cpu_option(qg, L, workers, local_ms)}
             reason = ""
             if info.target == "fabric":
-                opts["fabric"] = self.fabric_option(info)
-                for c, hi in sorted(split_infos.get(L.name, {}).items()):
-                    fo = self.fabric_option(hi, key=f"fabric@{c}", channels=c)
+                opts["fabric"] = self.fabric_option(info, emulation_s=emu0.get(L.name))
+                for c, (hi, e) in sorted(split_infos.get(L.name, {}).items()):
+                    fo = self.fabric_option(hi, key=f"fabric@{c}", channels=c, emulation_s=e)
                     so = self._split_option(qg, L, c, hi, fo, opts["cpu"], workers, res)
                     opts[so.key] = so
             else:

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, asdict
 import hashlib
+import gc
 import heapq
 import itertools
 import math
@@ -704,11 +705,19 @@ class Runtime:
                 # other resource, so it is shortened while the run lasts
                 old = sys.getswitchinterval()
                 sys.setswitchinterval(min(old, SWITCH_INTERVAL_S))
+                # no cyclic garbage collection on the timeline (a full collection of a
+                # heap this size stops every thread for milliseconds); frames make no
+                # reference cycles of size, and one collection runs after the run
+                gc_was = gc.isenabled()
+                gc.collect()
+                gc.disable()
                 try:
                     with _one_blas_thread():
                         self._run_real(releases, feeds, bar)
                 finally:
                     sys.setswitchinterval(old)
+                    if gc_was:
+                        gc.enable()
             else:
                 self._run_modelled(releases, feeds, bar)
         finally:

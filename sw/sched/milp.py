@@ -207,7 +207,7 @@ def evaluate(tasks, costs, rm: ResourceModel, assign, power_cap_w=None):
     ok = all(util[r] <= 1 + 1e-9 for r in util)
     for t in tasks:
         per[t.name]["bound_s"] = per[t.name]["latency_s"] + inter[t.name]
-        per[t.name]["meets"] = per[t.name]["bound_s"] <= t.deadline_s * (1 + 1e-9)
+        per[t.name]["meets"] = per[t.name]["bound_s"] <= t.budget_s * (1 + 1e-9)
         ok = ok and per[t.name]["meets"]
     if power_cap_w is not None and power > power_cap_w * (1 + 1e-9):
         ok = False
@@ -387,7 +387,7 @@ def solve(tasks, costs, rm: ResourceModel, objective="energy", power_cap_w=None,
                     R.add([(w, 1), (lam_var[m.name][r], -K), (z, M)], 0)
                     R.add([(w, 1), (z, -M)] + [(e, -cap) for e in entry_var[t.name][r]], -M)
                     terms.append((w, 1))
-        R.add(terms, -np.inf, t.deadline_s)
+        R.add(terms, -np.inf, t.budget_s)
     for r in ("fabric", "cpu"):
         R.add([(v, b / t.period_s) for t in tasks for v, b in busy_terms[t.name][r]], -np.inf, 1.0)
     if power_cap_w is not None:
@@ -500,13 +500,15 @@ def _why_infeasible(tasks, costs, rm, power_cap_w):
         ev = evaluate(tasks, costs, rm, a)
         for t, nc in zip(tasks, costs):
             per = ev["networks"][t.name]
-            if per["bound_s"] > t.deadline_s:
+            if per["bound_s"] > t.budget_s:
                 big = max(nc.layers, key=lambda L: min(o.latency_s for o in L.options.values()))
                 bo = min(big.options.values(), key=lambda o: o.latency_s)
                 msgs.append(f"{t.name}: its fastest plan takes {per['latency_s'] * 1e3:.3g} ms"
                             + (f" (+{(per['bound_s'] - per['latency_s']) * 1e3:.3g} ms waiting "
                                "for the other networks)" if per['bound_s'] > per['latency_s'] else "")
-                            + f" against a deadline of {t.deadline_s * 1e3:.3g} ms; its longest "
+                            + f" against a deadline of {t.deadline_s * 1e3:.3g} ms"
+                            + (f" less a {t.margin_s * 1e3:.3g} ms margin" if t.margin_s else "")
+                            + "; its longest "
                             f"layer {big.name} needs {bo.latency_s * 1e3:.3g} ms at best ({bo.key})")
         for r, u in ev["utilization"].items():
             if u > 1:

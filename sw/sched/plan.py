@@ -15,15 +15,22 @@ __all__ = ["Task", "LayerChoice", "NetworkPlan", "Plan"]
 @dataclass
 class Task:
     """One network to schedule: frames every ``period_s``, each due ``deadline_s`` after
-    its release (default: the period)."""
+    its release (default: the period). ``margin_s``: part of the deadline the plan keeps
+    free (a real run on a shared machine: its jitter); the response bound must fit in
+    :attr:`budget_s` = deadline - margin, a miss is still counted against the deadline."""
 
     name: str
     period_s: float
     deadline_s: float | None = None
+    margin_s: float = 0.0
 
     def __post_init__(self):
         if self.deadline_s is None:
             self.deadline_s = self.period_s
+
+    @property
+    def budget_s(self):
+        return self.deadline_s - self.margin_s
 
 
 @dataclass
