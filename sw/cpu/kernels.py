@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "plan_prod_f32", "plan_gather_u8", "plan_finish", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
+__all__ = ["AVAILABLE", "plan_prod_f32", "plan_scatter", "plan_gather_u8", "plan_finish", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
            "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
            "avgpool_rows", "lut1_range", "lut2_range"]
 
@@ -162,6 +162,19 @@ if AVAILABLE:
     def plan_finish(acc, bias, m, n, zy, lo, hi, out, out_rows):
         """:func:`_plan_finish` as a call (the products onnxruntime computes)."""
         _plan_finish(acc, bias, m, n, zy, lo, hi, out, out_rows)
+
+    @njit(**_jit)
+    def plan_scatter(out, rows, buf, r0):
+        """``out[rows[p, t], :] = buf[(r0 + p) * tiles + t, :]``: a hoisted band's rows of
+        the output scratchpad (int8 [n, C]) from its product's buffer (int8 [m, C])."""
+        tiles = rows.shape[1]
+        C = out.shape[1]
+        for p in range(rows.shape[0]):
+            for t in range(tiles):
+                o = rows[p, t]
+                i = (r0 + p) * tiles + t
+                for c in range(C):
+                    out[o, c] = buf[i, c]
 
     @njit(**_jit)
     def requant_rows_perm(acc, bias, m, n, zy, lo, hi, src, out):

@@ -441,6 +441,26 @@ class _Step:
         self.name, self.op, self.inputs, self.output = L.name, L.op, list(inputs), output
 
 
+class _ShuffleProg(_Prog):
+    """A channel shuffle (reshape -> transpose(0, 2, 1, 3, 4) -> reshape back) as one
+    gather of channels, in whatever layout its input is stored (channel-last from the
+    fabric, so no layout conversion is made): ``y[..., k] = x[..., src[k]]``."""
+
+    def __init__(self, chain, src):
+        self.L = chain[0]
+        self.choice = None
+        self.src, self.inp, self.out = src, chain[0].input, chain[-1].output
+
+    def bind(self, env):
+        x, lay = env.any(self.inp)
+        axis = x.ndim - 1 if lay == "cl" else 1
+        y = np.empty(x.shape, np.int8)
+
+        def task():
+            np.take(x, self.src, axis=axis, out=y)
+        return [[task]], lambda: env.put(self.out, y, lay)
+
+
 class _SmallGemmProg(_Prog):
     """Small conv / GEMM: int8 im2col (padding zx) and the fused numba GEMM + requantize
     (``kernels.gemm_rq``), one task; grouped weights as a block-diagonal dense matrix."""
@@ -1117,6 +1137,7 @@ class CpuWorkers:
                                            f"{self.threads} threads, {t1:.3f} ms at 1")
             self._progs[id(L)] = p
         self._steps, self._step_progs, self._fused_into = self._fuse()
+        self._shuffles = self._shuffle_chains()
         if share_pool is not None:
             if share_pool.threads != self.threads:
                 raise DnnfabError(f"share_pool has {share_pool.threads} threads, this "
@@ -1172,6 +1193,26 @@ class CpuWorkers:
 
 
     # ------------------------------------------------------------------ fusion (run only)
+    def _shuffle_chains(self):
+        """{id(first reshape): (src, [reshape, transpose, reshape])} of every channel
+        shuffle in the graph (whatever makes its input): :meth:`run_layers` runs each as
+        one channel gather when the three come together."""
+        qg, out = self.qg, {}
+        cons, outputs = {}, {t.name for t in qg.outputs}
+        for L in qg.layers:
+            for t in L.inputs:
+                cons.setdefault(t, []).append(L)
+        producers = {X.output: X for X in qg.layers}
+        for X in qg.layers:
+            if X.op != "reshape" or X.input not in producers:
+                continue
+            sh = _shuffle_after(qg, producers[X.input], cons, outputs)
+            if sh is not None and sh[1][0] is X:
+                step = _Step(X, [X.input], sh[1][-1].output)
+                self._pos[id(step)] = self._pos[id(X)]
+                out[id(X)] = (sh[1], step, _ShuffleProg(sh[1], sh[0]))
+        return out
+
     def _fuse(self):
         """The steps of :meth:`run`: every layer, except that a row-sliced GEMM conv absorbs
         a channel shuffle after it and/or the residual add consuming it (FastPlan's
@@ -1232,11 +1273,35 @@ class CpuWorkers:
             if id(L) not in self._progs:
                 raise DnnfabError(f"layer {L.name!r} is not a layer of the graph these "
                                   "CpuWorkers were built for; build CpuWorkers(qg) for its graph")
+        progs, fused = self._progs, []
+        if self._shuffles and len(layers) >= 3:
+            steps, i = [], 0
+            while i < len(layers):
+                L = layers[i]
+                sh = self._shuffles.get(id(L))
+                if sh is not None and len(layers) >= i + 3 and \
+                        all(a is b for a, b in zip(layers[i:i + 3], sh[0])):
+                    chain, step, prog = sh
+                    if progs is self._progs:
+                        progs = dict(self._progs)
+                    progs[id(step)] = prog
+                    steps.append(step)
+                    fused.append(chain)
+                    i += 3
+                    continue
+                steps.append(L)
+                i += 1
+            layers = steps
         with self._lock:
             if self.threads == 1:
-                _run_inline(self._progs, env, layers, times)
+                _run_inline(progs, env, layers, times)
             else:
-                _Run(self, env, layers, times=times).run()
+                _Run(self, env, layers, progs=progs, times=times).run()
+        if times is not None:
+            for chain in fused:                 # the shuffle's time is its first layer's
+                end = times.get(chain[0].name, (None, None))[1]
+                for L in chain[1:]:
+                    times[L.name] = (end, end)
         return env
 
     def run_layer(self, env, L):

@@ -62,6 +62,12 @@ class Backend:
         import numpy as np
         dst[:] = np.frombuffer(self.dram_read(addr, dst.nbytes), np.uint8)
 
+    def batch(self):
+        """A context for a sequence of launches (one inference): a backend may hold per-run
+        set-up across them (the model keeps BLAS at one thread). Default: nothing."""
+        import contextlib
+        return contextlib.nullcontext()
+
     def wait_irq(self, timeout_s: float) -> bool:
         """Wait for the interrupt; False if none came within ``timeout_s``."""
         raise NotImplementedError

@@ -148,6 +148,7 @@ class Device:
         self.regmap = accelerator_regmap(self.cfg)
         self.regs = Registers(self)
         self._counter_offs = None
+        self._launch_offs = None
         self.closed = False
         self._check_identity()
 
@@ -210,10 +211,12 @@ class Device:
             raise FabricError("the accelerator is still busy with an earlier launch; call "
                               "dev.reset() first")
         rm = self.regmap
-        self.backend.write_regs([(rm[n].offset, v) for n, v in (
-            ("IRQ_STATUS", 0x3), ("IRQ_ENABLE", 0x3), ("PROG_BASE", program.addr),
-            ("PROG_LEN", program.count), ("OUT_LO", program.out_lo), ("OUT_HI", program.out_hi),
-            ("CTRL", 0x1))])
+        o = self._launch_offs
+        if o is None:
+            o = self._launch_offs = [rm[n].offset for n in (
+                "IRQ_STATUS", "IRQ_ENABLE", "PROG_BASE", "PROG_LEN", "OUT_LO", "OUT_HI", "CTRL")]
+        self.backend.write_regs(list(zip(o, (0x3, 0x3, program.addr, program.count,
+                                             program.out_lo, program.out_hi, 0x1))))
         ok = self.backend.wait_irq(timeout_s)
         status, counters = self._status_and_counters()
         if not ok:

@@ -106,6 +106,7 @@ class FastModel:
         self.write_fault = None         # a byte address whose write answers SLVERR
         self._programs = {}
         self._pcache = {}               # (base, count) -> (program, epoch checked, pages)
+        self._blas_held = 0
         self._geom = {}
         self._acache = {}
         self._pending = []
@@ -300,6 +301,23 @@ class FastModel:
                 self._blas = []
         return _OneThread(self._blas) if self._blas else None
 
+    def blas_held(self):
+        """A context keeping BLAS at one thread across the launches inside it (each launch
+        then skips its own limit and restore)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            lim = self._one_blas() if not self._blas_held else None
+            self._blas_held += 1
+            try:
+                yield
+            finally:
+                self._blas_held -= 1
+                if lim is not None:
+                    lim.restore_original_limits()
+        return held()
+
     def _plan_ok(self, plan):
         """The launch-time checks of a traced plan: every transfer inside DRAM, every
         store inside the write window, no injected fault on any transfer."""
@@ -333,7 +351,7 @@ class FastModel:
             if not prog.traced:
                 prog.plan, prog.traced = trace(self, prog), True
             if prog.plan is not None and self._plan_ok(prog.plan):
-                limits = self._one_blas()
+                limits = None if self._blas_held else self._one_blas()
                 try:
                     run_plan(self, prog.plan)
                 finally:
@@ -345,7 +363,7 @@ class FastModel:
                 return prog.plan.counters["insns"]
         self._acache.clear()
         done = 0
-        limits = self._one_blas()
+        limits = None if self._blas_held else self._one_blas()
         try:
             for st in prog.steps:
                 kind = st[0]

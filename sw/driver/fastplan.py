@@ -651,6 +651,14 @@ def _prod_operands(dram, dram_i8, plan, g, C):
 _NO_WORDS = np.zeros((0, 1), np.uint64)
 
 
+def _scatter(out, rows, buf, r0, P, C):
+    """A hoisted band's output rows from its product's buffer."""
+    if _kernels.AVAILABLE:
+        _kernels.plan_scatter(out, rows, buf, r0)
+    else:
+        out[rows] = buf.reshape(P, -1, C)[r0:r0 + len(rows)]
+
+
 def run_plan(fm, plan):
     """Execute ``plan`` on ``fm``'s DRAM, output scratchpad and accumulators."""
     _invalidate(fm, plan)
@@ -691,12 +699,12 @@ def run_plan(fm, plan):
             if "segs" in g:
                 bufs[id(g)] = tgt
                 r0, r1, rows = g["segs"][0]
-                out[rows] = tgt.reshape(g["P"], -1, C)[r0:r1]
+                _scatter(out, rows, tgt, r0, g["P"], C)
         elif kind == "scatter":
             bands, k = g
             p = bands["prod"]
             r0, r1, rows = p["segs"][k]
-            out[rows] = bufs[id(p)].reshape(p["P"], -1, C)[r0:r1]
+            _scatter(out, rows, bufs[id(p)], r0, p["P"], C)
         elif kind == "chunk":
             c = g["c"]
             A = _activations(dram_rows, g)

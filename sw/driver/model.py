@@ -42,6 +42,17 @@ class ModelBackend(Backend):
         self._dram_size = int(dram_bytes)
         self.regmap = accelerator_regmap(cfg)
         self._by_off = {r.offset: r for r in self.regmap}
+        self._read_kind = {}              # offset -> (what a read returns, name)
+        for r in self.regmap:
+            base = r.name[:-3]
+            if r.name.endswith("_LO") and base in COUNTERS:
+                self._read_kind[r.offset] = ("lo", base)
+            elif r.name.endswith("_HI") and base in COUNTERS:
+                self._read_kind[r.offset] = ("hi", base)
+            elif r.access == "pulse":
+                self._read_kind[r.offset] = ("pulse", r.name)
+            else:
+                self._read_kind[r.offset] = ("value", r.name)
         self.values = {r.name: (r.reset if r.access in ("const", "rw") else 0) for r in self.regmap}
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._latched = {}
@@ -70,23 +81,26 @@ class ModelBackend(Backend):
     def dram_read(self, addr, n):
         return self.fm.read(addr, n)
 
+    def batch(self):
+        return self.fm.blas_held()
+
     def dram_read_into(self, addr, dst):
         self.fm.read_into(addr, dst)
 
     # -- registers ---------------------------------------------------------------------
     def read_reg(self, offset):
-        r = self._by_off.get(offset)
-        if r is None:
+        kind, name = self._read_kind.get(offset, (None, None))
+        if kind is None:
             return 0                      # unmapped: the bank answers 0
-        if r.name.endswith("_LO") and r.name[:-3] in COUNTERS:
-            v = self.counters[r.name[:-3]]
-            self._latched[r.name[:-3]] = v >> 32
+        if kind == "lo":
+            v = self.counters[name]
+            self._latched[name] = v >> 32
             return v & 0xFFFFFFFF
-        if r.name.endswith("_HI") and r.name[:-3] in COUNTERS:
-            return self._latched.get(r.name[:-3], 0)
-        if r.access == "pulse":
+        if kind == "hi":
+            return self._latched.get(name, 0)
+        if kind == "pulse":
             return 0
-        return self.values[r.name] & 0xFFFFFFFF
+        return self.values[name] & 0xFFFFFFFF
 
     def write_reg(self, offset, value):
         r = self._by_off.get(offset)

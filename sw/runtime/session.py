@@ -303,15 +303,16 @@ class InferenceSession:
                 prof.append(self._cpu_record(L, None if b is None else b - a))
             cpu.clear()
 
-        for kind, what in self.net.steps:
-            if kind == "cpu":
-                cpu.append(by_name[what])
-                continue
+        with self.dev.backend.batch():
+            for kind, what in self.net.steps:
+                if kind == "cpu":
+                    cpu.append(by_name[what])
+                    continue
+                if cpu:
+                    flush()
+                prof.extend(self._run_fabric(self.net.runs[what], env, by_name))
             if cpu:
                 flush()
-            prof.extend(self._run_fabric(self.net.runs[what], env, by_name))
-        if cpu:
-            flush()
         self.last_run_ms = (time.perf_counter() - t0) * 1e3
         self._profile = prof
         self.last_env = env         # every tensor of the last run (checks, e.g. dnnfab cosim)
