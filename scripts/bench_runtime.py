@@ -2,7 +2,7 @@
 """Benchmark of issue 20's real mode: a scheduled plan for this machine (``host="local"``)
 run for real, frames against their deadlines.
 
-``plan_networks`` plans digits-cnn at ``--fps`` with eeg-seizure windows at ``--eeg-rate``
+``plan_networks`` plans ``--model`` (digits-cnn) at ``--fps`` with eeg-seizure windows at ``--eeg-rate``
 per second (``--board`` profile, this machine's CPU workers, launches floored at what the
 model backend takes here, :data:`~dnnfab.sw.sched.api.LOCAL_MARGIN` of each deadline kept
 free); :class:`~dnnfab.sw.runtime.realtime.Runtime` then runs ``--frames`` frames in real
@@ -14,6 +14,7 @@ per layer beyond the plan (``runtime_layer_s``: (p50 latency - planned latency w
 
     python scripts/bench_runtime.py --json benchmarks/runtime_real.json
     python scripts/bench_runtime.py --frames 100          # smaller (CI)
+    python scripts/bench_runtime.py --model squeezenet --fps 5 --frames 200 --json benchmarks/runtime_real_squeezenet.json
 """
 
 import argparse
@@ -25,7 +26,8 @@ import warnings
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fps", type=float, default=50.0, help="digits-cnn frames per second")
+    ap.add_argument("--model", default="digits-cnn", help="the image model (bundled or zoo)")
+    ap.add_argument("--fps", type=float, default=50.0, help="its frames per second")
     ap.add_argument("--eeg-rate", type=float, default=2.0, help="eeg-seizure windows per second")
     ap.add_argument("--frames", type=int, default=1000, help="frames in all (split by rate)")
     ap.add_argument("--board", default="pynq-z2")
@@ -37,13 +39,14 @@ def main(argv=None):
     from dnnfab.sw.sched.api import plan_networks, LOCAL_MARGIN
     from dnnfab.sw.runtime.realtime import Runtime
 
-    qgs = {m: InferenceSession(m).qg for m in ("digits-cnn", "eeg-seizure")}
+    model = args.model
+    qgs = {m: InferenceSession(m).qg for m in (model, "eeg-seizure")}
     t0 = time.perf_counter()
-    res = plan_networks([("digits-cnn", qgs["digits-cnn"], args.fps, None),
+    res = plan_networks([(model, qgs[model], args.fps, None),
                          ("eeg-seizure", qgs["eeg-seizure"], args.eeg_rate, None)],
                         board=args.board, host="local")
     plan_s = time.perf_counter() - t0
-    out = {"board": args.board, "fps": args.fps, "eeg_rate": args.eeg_rate,
+    out = {"board": args.board, "model": model, "fps": args.fps, "eeg_rate": args.eeg_rate,
            "margin": LOCAL_MARGIN, "feasible": res.plan.feasible, "plan_s": plan_s,
            "why": res.plan.why if not res.plan.feasible else ""}
     if not res.plan.feasible:
@@ -51,7 +54,7 @@ def main(argv=None):
         return 1
     total = args.fps + args.eeg_rate
     n_d = max(1, round(args.frames * args.fps / total))
-    frames = {"digits-cnn": n_d, "eeg-seizure": max(1, args.frames - n_d)}
+    frames = {model: n_d, "eeg-seizure": max(1, args.frames - n_d)}
     with Runtime.from_schedule(res, qgs) as rt:
         rep = rt.run(frames=frames, progress=True)
     from dnnfab.sw.metrics.model import MetricModel

@@ -37,6 +37,9 @@ def add_schedule_args(p, host="board"):
                         + host)
     g.add_argument("--workers", type=int, default=None,
                    help="CPU worker threads (default: the scheduler tries 1..the cores)")
+    g.add_argument("--margin", type=float, default=None,
+                   help="fraction of each deadline the plan keeps free (default 0.3 with "
+                        "--host local, whose plan runs for real on this machine; else 0)")
     g.add_argument("--no-split", action="store_true",
                    help="do not split layers between the fabric and the CPU")
     if not any(a.dest == "calibration" for a in p._actions):
@@ -93,6 +96,8 @@ def plan_from_args(args, cfg, progress=None):
         raise ConfigError(f"--workers must be at least 1 (got {args.workers})")
     if args.power_cap_w is not None and args.power_cap_w <= 0:
         raise ConfigError(f"--power-cap-w must be positive (got {args.power_cap_w:g})")
+    if args.margin is not None and not 0.0 <= args.margin < 1.0:
+        raise ConfigError(f"--margin={args.margin:g}: a fraction of the deadline in [0, 1)")
     from ..metrics.model import MetricModel
     from ..sched.api import check_specs
     from ..sched.milp import parse_objective
@@ -102,7 +107,11 @@ def plan_from_args(args, cfg, progress=None):
         specs.append((m, args.also_fps[i],
                       args.also_deadline_ms[i] if args.also_deadline_ms else None))
     check_specs([(_name(m), fps, d) for m, fps, d in specs])
-    mm = MetricModel(board=args.board or DEFAULT_BOARD, cfg=cfg, host=args.host)
+    emu = None
+    if args.host == "local":          # a real run here: launches last what the model takes
+        from ..driver.emulation import LaunchProfile
+        emu = LaunchProfile()
+    mm = MetricModel(board=args.board or DEFAULT_BOARD, cfg=cfg, host=args.host, emulation=emu)
     nets, graphs, notes = [], {}, []
     for model, fps, d in specs:
         if progress:
@@ -116,7 +125,8 @@ def plan_from_args(args, cfg, progress=None):
         progress("metric model and MILP")
     res = plan_networks(nets, board=args.board or DEFAULT_BOARD, cfg=cfg, host=args.host,
                         metric_model=mm, objective=args.objective, power_cap_w=args.power_cap_w,
-                        workers=args.workers, splits=() if args.no_split else (0.25, 0.5, 0.75))
+                        workers=args.workers, splits=() if args.no_split else (0.25, 0.5, 0.75),
+                        margin=args.margin)
     res.notes = notes + list(res.notes or [])
     return res, graphs
 

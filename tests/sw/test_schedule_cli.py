@@ -78,6 +78,7 @@ def test_infeasible_deadline_is_named(capsys):
     (["schedule", "digits-cnn", "--board", "icebreaker"], "iCE40UP5K has 30"),
     (["run", "digits-cnn", "--fps", "10", "--frames", "0"], "--frames must be at least 1"),
     (["schedule", "digits-cnn", "--also", "digits-cnn", "--also-fps", "3"], "two networks are called"),
+    (["schedule", "digits-cnn", "--fps", "10", "--margin", "1.5"], "--margin=1.5: a fraction"),
 ])
 def test_bad_schedule_input_is_one_line(capsys, argv, msg):
     assert main(argv) == 2
