@@ -36,6 +36,7 @@ def _load(model):
 
 def _measure_cpu(qg, workers, repeats):
     """{layer: median ms} of CpuWorkers.run_layer, fresh (not the profile)."""
+    from dnnfab.sw.cpu.profile import PASSES
     from dnnfab.sw.cpu import reference as R
     from dnnfab.sw.cpu.workers import CpuWorkers
     rng = np.random.default_rng(1)
@@ -46,14 +47,17 @@ def _measure_cpu(qg, workers, repeats):
         for t in qg.inputs:
             env.put(t.name, feed[t.name], "lg")
         w.run_layers(env, qg.layers)
+        ts = {L.name: [] for L in qg.layers}
         for L in qg.layers:
             w.run_layer(env, L)
-            ts = []
-            for _ in range(max(1, repeats)):
-                t0 = time.perf_counter()
-                w.run_layer(env, L)
-                ts.append(time.perf_counter() - t0)
-            out[L.name] = statistics.median(ts) * 1e3
+        for _ in range(PASSES):             # as CpuProfile.measure: rounds over the layers
+            for L in qg.layers:
+                for _ in range(max(1, repeats)):
+                    t0 = time.perf_counter()
+                    w.run_layer(env, L)
+                    ts[L.name].append(time.perf_counter() - t0)
+        for L in qg.layers:
+            out[L.name] = statistics.median(ts[L.name]) * 1e3
     return out
 
 

@@ -35,7 +35,7 @@ from dnnfab.sw.cpu import kernels as K
 from dnnfab.sw.cpu import reference as R
 from dnnfab.sw.cpu import workers as W
 from dnnfab.sw.cpu.options import Options
-from dnnfab.sw.cpu.profile import CpuProfile, layer_signature
+from dnnfab.sw.cpu.profile import CpuProfile, layer_signature, PASSES
 from dnnfab.sw.ir.graph import TensorInfo
 from dnnfab.sw.ir.qgraph import QAvgPool, QConv, QEltwise, QGemm, QMaxPool, QuantizedGraph
 from dnnfab.sw.ref import golden as G
@@ -562,8 +562,9 @@ def test_profile_measured_cached_and_remeasured(tmp_path, zoo):
     again.measure(q, threads=(1, 2), repeats=2, feed_q=fq)
     assert {s: json.dumps(again._data[s], sort_keys=True) for s in again.signatures()} == entries
     again.remeasure(q, threads=(2,), repeats=3, feed_q=fq)
-    assert all(again._data[s]["2"]["runs"] == 3 for s in again.signatures())
-    assert all(again._data[s]["1"]["runs"] == 2 for s in again.signatures())
+    # each entry: PASSES rounds over the layers of ``repeats`` runs each
+    assert all(again._data[s]["2"]["runs"] == 3 * PASSES for s in again.signatures())
+    assert all(again._data[s]["1"]["runs"] == 2 * PASSES for s in again.signatures())
     other = CpuProfile(path, features=VNNI)       # another machine: its own entries
     assert other.signatures() == []
     # the pool reads the profile: a layer it measured no faster on 2 threads stays whole
