@@ -44,6 +44,23 @@ def default_launch_profile_path():
     return Path(os.path.expanduser("~")) / ".cache" / "dnnfab" / "launch_profile.json"
 
 
+_CODE_KEY = []
+
+
+def code_key():
+    """A hash of the sources that decide how fast the model backend runs a launch (the
+    driver, the fast model and its kernels): a faster or slower model is measured again."""
+    if not _CODE_KEY:
+        import hashlib
+        here = Path(__file__).resolve().parent
+        h = hashlib.sha1()
+        for f in sorted([*here.glob("*.py"), here.parent / "cpu" / "kernels.py",
+                         here.parent / "compiler" / "network.py"]):
+            h.update(f.read_bytes())
+        _CODE_KEY.append(h.hexdigest()[:12])
+    return _CODE_KEY[0]
+
+
 class LaunchProfile:
     """See the module docstring. ``path``: the JSON file (None: the default; False: memory
     only); ``repeats``: launches per layer (median kept)."""
@@ -83,11 +100,13 @@ class LaunchProfile:
 
     def launch_s(self, net, force=False):
         """{fabric layer name: median launch seconds} of a compiled network (measured the
-        first time, then read from the cache)."""
-        hit = self._data.get(net.key)
+        first time, then read from the cache; an entry is for this version of the model
+        backend's code, see :func:`code_key`)."""
+        key = f"{net.key}:{code_key()}"
+        hit = self._data.get(key)
         if hit is None or force:
             hit = self.measure(net)
-            self._data[net.key] = hit
+            self._data[key] = hit
             self.save()
         return dict(hit)
 

@@ -231,6 +231,7 @@ class MetricModel:
         board_s = busy
         if emulation_s is not None and emulation_s > busy:
             busy = float(emulation_s)
+        emulated = busy > board_s
         rt = self.runtime_layer_s()
         busy += rt
         ff = self.fabric_ff()
@@ -243,7 +244,7 @@ class MetricModel:
                "clock_mhz": self.clock_mhz, "ff": ff, "energy_ff_j": e_ff, "energy_dram_j": e_dram,
                "energy_launch_j": e_launch, "macs": int(info.macs), "hw_macs": int(info.hw_macs),
                "board_s": board_s, "emulation_s": emulation_s, "runtime_s": rt,
-               "bound_by_emulation": busy > board_s}
+               "bound_by_emulation": emulated}
         return Option(key, fabric_s=busy, latency_s=busy, energy_j=e_ff + e_dram + e_launch,
                       fabric_channels=channels, detail=det)
 

@@ -156,3 +156,36 @@ def test_validation_small_form(tmp_path):
     assert m["cpu"]["median_abs_err"] >= 0
     chk = mod.board_cpu_check("ulx3s-85f")          # the ESP32 model vs a published time
     assert chk["model_ms"] > 0 and chk["measured_ms"] == 380.0 and chk["source"]
+
+
+def test_local_host_floors_fabric_at_the_measured_emulation(qg, tmp_path):
+    """Host local: a fabric layer lasts max(board time, the model backend's measured launch
+    time here) plus the runtime's cost per layer; the launch profile is measured once,
+    cached on disk per machine, network and model-code version, and read back."""
+    import json
+    from dnnfab.sw.driver.emulation import LaunchProfile, code_key
+    path = tmp_path / "launch.json"
+    emu = LaunchProfile(path, repeats=3)
+    mm = MetricModel("pynq-z2", host="local", emulation=emu)
+    net = mm.compiled(qg)
+    meas = emu.launch_s(net)
+    fab = [n for n, i in net.layers.items() if i.target == "fabric"]
+    assert fab and set(fab) <= set(meas) and all(meas[n] > 0 for n in fab)
+    raw = json.loads(path.read_text())
+    assert f"{net.key}:{code_key()}" in raw["machines"][emu.machine]
+    assert LaunchProfile(path).launch_s(net) == meas           # read back, not measured
+    nc = mm.network(qg, workers=1, splits=())
+    rt = mm.runtime_layer_s()
+    assert rt > 0
+    for L in nc.layers:
+        o = L.options.get("fabric")
+        if o is None:
+            continue
+        d = o.detail
+        assert d["emulation_s"] == meas[L.name]
+        assert o.latency_s == pytest.approx(max(d["board_s"], meas[L.name]) + rt)
+        assert d["bound_by_emulation"] == (meas[L.name] > d["board_s"])
+        assert L.options["cpu"].latency_s == pytest.approx(L.options["cpu"].detail["ms"] / 1e3 + rt)
+    # a board's own timeline: no emulation, no runtime cost
+    mb = MetricModel("pynq-z2", host="board", emulation=emu)
+    assert mb.emulation is None and mb.runtime_layer_s() == 0.0
