@@ -153,7 +153,8 @@ def print_plan(summary, title):
                   f"{v['avg_power_w']:.4g}", str(v["meets_deadline"]))
     print_table(b)
     sv = s["energy_saving_vs_best_single"]
-    print(f"deadline {s['deadline_ms']:.4g} ms, period {s['period_ms']:.4g} ms; workers "
+    margin = (f" ({s['margin_ms']:.4g} ms of it kept free)" if s.get("margin_ms") else "")
+    print(f"deadline {s['deadline_ms']:.4g} ms{margin}, period {s['period_ms']:.4g} ms; workers "
           f"{s['workers']}; solver {s['solver']['status']} in {s['solver']['solve_s']:.3f} s; "
           f"saving vs the best single resource: "
           + ("n/a (no single-resource plan meets the deadline)" if sv is None else f"{100 * sv:.1f}%"))

@@ -59,6 +59,7 @@ class ScheduleResult:
             "objective": p.objective, "power_cap_w": p.power_cap_w,
             "feasible": p.feasible, "why": p.why,
             "deadline_ms": n0.task.deadline_s * 1e3, "period_ms": n0.task.period_s * 1e3,
+            "margin_ms": n0.task.margin_s * 1e3,
             "latency_ms": {"model": n0.latency_s * 1e3, "bound": n0.bound_s * 1e3},
             "energy_mj_per_frame": (n0.energy_j + p.idle_w / rate) * 1e3,
             "avg_power_w": p.avg_power_w, "idle_w": p.idle_w,
@@ -66,7 +67,8 @@ class ScheduleResult:
             "baselines": base, "energy_saving_vs_best_single": saving,
             "solver": p.solver, "metric_model_s": round(self.model_s, 3),
             "networks": [{"network": n.name, "period_ms": n.task.period_s * 1e3,
-                          "deadline_ms": n.task.deadline_s * 1e3, "latency_ms": n.latency_s * 1e3,
+                          "deadline_ms": n.task.deadline_s * 1e3, "margin_ms": n.task.margin_s * 1e3,
+                          "latency_ms": n.latency_s * 1e3,
                           "bound_ms": n.bound_s * 1e3,
                           "energy_mj_per_frame": (n.energy_j + p.idle_w / rate) * 1e3,
                           "busy_ms": {k: v * 1e3 for k, v in n.busy_s.items()}}
