@@ -30,6 +30,7 @@ def test_bench_gemm_small():
     assert all(e["gops"] > 0 for e in res["engines"])
 
 
+@pytest.mark.xdist_group("realtime")   # real-time runs never side by side
 def test_bench_runtime_small(tmp_path):
     """The real-mode benchmark in small: a plan for this machine run for real, digits-cnn
     at 25 fps with eeg-seizure, 150 frames; no miss, bit-exact, the plan's bound inside
