@@ -214,7 +214,7 @@ class TokenMachine:
         return ", ".join(parts)
 
 
-def check_tokens(insns, capacity=QUEUE_CAPACITY, halt_at_end=False) -> TokenReport:
+def check_tokens(insns, capacity=QUEUE_CAPACITY, halt_at_end=False, key=None) -> TokenReport:
     """Play ``insns`` through the controller's queues and token counters (:class:`TokenMachine`).
 
     Raises :class:`~dnnfab.errors.FabricDeadlock` if the program can never finish (the
@@ -224,6 +224,28 @@ def check_tokens(insns, capacity=QUEUE_CAPACITY, halt_at_end=False) -> TokenRepo
     tokens let them) and each counter's peak over all timings. O(instructions).
     """
     insns = list(insns)
+    # a pure function of the instruction words: the model backend's prepare and its cycle
+    # estimate both ask it of the same program (three token-machine passes each); a
+    # caller that has the program's bytes passes them as ``key`` and the answer is kept
+    if key is not None:
+        key = (capacity, halt_at_end, bytes(key))
+    hit = _TOKEN_MEMO.get(key) if key is not None else None
+    if hit is not None:
+        return TokenReport(list(hit.order), dict(hit.peak), dict(hit.peak_fill),
+                           hit.dispatched, hit.halted)
+    rep = _check_tokens(insns, capacity, halt_at_end)
+    if key is not None:
+        if len(_TOKEN_MEMO) >= 256:
+            _TOKEN_MEMO.pop(next(iter(_TOKEN_MEMO)))
+        _TOKEN_MEMO[key] = TokenReport(list(rep.order), dict(rep.peak), dict(rep.peak_fill),
+                                       rep.dispatched, rep.halted)
+    return rep
+
+
+_TOKEN_MEMO = {}
+
+
+def _check_tokens(insns, capacity, halt_at_end):
     peak = dict.fromkeys(CHANNELS, 0)
     fills = dict.fromkeys(ENGINES, 0)
     main = None
@@ -346,7 +368,7 @@ def estimate_cycles(prog) -> CycleReport:
     beats_total = 0
     first_compute = True
     insn_end = [0] * len(insns)
-    for i in check_tokens(insns).order:
+    for i in check_tokens(insns, key=getattr(prog, "raw", None)).order:
         ins = insns[i]
         ensure_chunk(i // FETCH_CHUNK)
         if isinstance(ins, Load):

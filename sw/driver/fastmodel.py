@@ -197,9 +197,10 @@ class FastModel:
             except ValueError:
                 bad = i
                 break
-        rep = check_tokens(insns, halt_at_end=bad is not None)
+        rep = check_tokens(insns, halt_at_end=bad is not None, key=raw)
         steps = [self._step(i, insns[i], base) for i in rep.order]
         prog = _Program(insns, rep.order, bad, steps)
+        prog.raw = raw                  # the program's bytes (the token check's memo key)
         if len(self._programs) > 64:
             self._programs.clear()
         self._programs[key] = prog

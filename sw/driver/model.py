@@ -29,8 +29,8 @@ __all__ = ["ModelBackend"]
 
 
 class _P:
-    def __init__(self, cfg, insns):
-        self.cfg, self.insns = cfg, insns
+    def __init__(self, cfg, insns, raw=None):
+        self.cfg, self.insns, self.raw = cfg, insns, raw
 
 
 class ModelBackend(Backend):
@@ -165,7 +165,7 @@ class ModelBackend(Backend):
         prog = fm._prepare(base, count)
         rep = self._cycles.get(id(prog))
         if rep is None or rep[0] is not prog:
-            rep = (prog, estimate_cycles(_P(self.cfg, prog.insns)))
+            rep = (prog, estimate_cycles(_P(self.cfg, prog.insns, getattr(prog, "raw", None))))
             self._cycles[id(prog)] = rep
         cyc = rep[1]
         self.counters["CYCLES"] = cyc.cycles
