@@ -31,6 +31,7 @@ def main(argv=None):
     ap.add_argument("--eeg-rate", type=float, default=2.0, help="eeg-seizure windows per second")
     ap.add_argument("--frames", type=int, default=1000, help="frames in all (split by rate)")
     ap.add_argument("--board", default="pynq-z2")
+    ap.add_argument("--objective", default="energy", help="the scheduler's objective")
     ap.add_argument("--json", default=None, help="write the report here")
     args = ap.parse_args(argv)
 
@@ -44,9 +45,9 @@ def main(argv=None):
     t0 = time.perf_counter()
     res = plan_networks([(model, qgs[model], args.fps, None),
                          ("eeg-seizure", qgs["eeg-seizure"], args.eeg_rate, None)],
-                        board=args.board, host="local")
+                        board=args.board, host="local", objective=args.objective)
     plan_s = time.perf_counter() - t0
-    out = {"board": args.board, "model": model, "fps": args.fps, "eeg_rate": args.eeg_rate,
+    out = {"board": args.board, "model": model, "objective": args.objective, "fps": args.fps, "eeg_rate": args.eeg_rate,
            "margin": LOCAL_MARGIN, "feasible": res.plan.feasible, "plan_s": plan_s,
            "why": res.plan.why if not res.plan.feasible else ""}
     if not res.plan.feasible:

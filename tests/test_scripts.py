@@ -45,6 +45,20 @@ def test_bench_runtime_small(tmp_path):
     assert out["runtime_layer_s"] > 0
 
 
+@pytest.mark.xdist_group("realtime")   # real-time runs never side by side
+def test_bench_runtime_zoo_small(tmp_path):
+    """The benchmark's zoo case in small: squeezenet with eeg-seizure, planned for this
+    machine and run for real at 2 fps (the plan's bound, about 220 ms of the 500 ms
+    deadline, leaves a loaded CI machine headroom); some layers on the fabric, no miss,
+    bit-exact."""
+    out_file = tmp_path / "z.json"
+    _run("scripts/bench_runtime.py", "--model", "squeezenet", "--fps", "2", "--frames", "20",
+         "--json", str(out_file), timeout=900)
+    out = json.loads(out_file.read_text())
+    assert out["feasible"] and out["deadline_misses"] == 0 and out["bit_exact"] is True
+    assert out["networks"]["squeezenet"]["frames"] >= 8 and out["fabric_launches"] > 0
+
+
 @pytest.mark.cosim
 @VERILATOR
 def test_fuzz_rtl_script_small(tmp_path):

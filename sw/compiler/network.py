@@ -130,11 +130,8 @@ class TensorBuf:
         return self.pixels * self.cp
 
     def pack(self, arr) -> bytes:
-        a = np.asarray(arr, np.int8).reshape(self.pixels, self.channels)
-        if self.cp == self.channels:
-            return np.ascontiguousarray(a).tobytes()
-        buf = np.zeros((self.pixels, self.cp), np.int8)
-        buf[:, :self.channels] = a
+        buf = np.empty(self.size, np.int8)
+        self.pack_into(arr, buf)
         return buf.tobytes()
 
     def pack_into(self, arr, dst) -> None:
@@ -144,14 +141,13 @@ class TensorBuf:
         if self.cp != self.channels:
             d[:, self.channels:] = 0
 
+    def unpack(self, raw) -> np.ndarray:
+        return self.unpack_view(np.frombuffer(raw, np.int8, count=self.size))
+
     def unpack_view(self, buf) -> np.ndarray:
         """:meth:`unpack` of an array of ``size`` bytes (a copy: ``buf`` may be reused)."""
         a = np.asarray(buf).view(np.int8).reshape(self.pixels, self.cp)
         return np.array(a[:, :self.channels], order="C").reshape(self.shape)   # always a copy
-
-    def unpack(self, raw) -> np.ndarray:
-        a = np.frombuffer(raw, np.int8, count=self.size).reshape(self.pixels, self.cp)
-        return np.ascontiguousarray(a[:, :self.channels]).reshape(self.shape)
 
 
 @dataclass

@@ -165,7 +165,7 @@ def trace(fm, prog):
     """The :class:`Plan` of a prepared program (``prog.steps`` of the step path), or None
     when the program is outside what the plan handles (see the module docstring)."""
     cfg = fm.cfg
-    R, C, bus = cfg.rows, cfg.cols, cfg.bus_bytes
+    R, C = cfg.rows, cfg.cols
     if prog.bad is not None:
         return None
     tracks = {TARGET_ACT: _Track(len(fm.act) // R, R), TARGET_WGT: _Track(len(fm.wgt) // C, C),
@@ -347,9 +347,7 @@ def _merge_bands(ops, R, C):
                 break
             if _wkey(h) != key:
                 continue
-            src = _src_rng(h, R)
-            if any(a < hi and lo < a + nb for srows, nb in stores for a, _ in srows
-                   for lo, hi in (src, h["guard"])):
+            if _stores_write(stores, [_src_rng(h, R), h["guard"]]):
                 break                               # a store in between writes what it reads
             used[j] = (bands, len(members))
             members.append(h)
@@ -401,6 +399,23 @@ def _flatten(op, R):
     return ("prod", prod)
 
 
+def _stores_write(stores, ranges):
+    """Any of ``stores`` ((rows, n) ops) writes DRAM bytes in one of ``ranges`` [(lo, hi)]."""
+    return any(a < hi and lo < a + nb for srows, nb in stores for a, _ in srows
+               for lo, hi in ranges)
+
+
+def _same_gather(g, h):
+    """Two "prod" ops gather the same activations (indices, padding and its fill) and
+    requantize with the same clamp."""
+    if (h["K"], h["P"], h["zy"], h["lo"], h["hi"]) != (g["K"], g["P"], g["zy"], g["lo"], g["hi"]):
+        return False
+    if not np.array_equal(h["idx"], g["idx"]) or (h["pad"] is None) != (g["pad"] is None):
+        return False
+    return g["pad"] is None or (np.array_equal(h["pad"], g["pad"]) and
+                                np.array_equal(h["fill"], g["fill"]))
+
+
 def _merge_tiles(ops, R, C):
     """"prod" ops that gather the same activations with the same requantize clamp (the M
     tiles of a layer that the instruction order visits one weight tile at a time, e.g.
@@ -429,25 +444,14 @@ def _merge_tiles(ops, R, C):
             if k2 != "prod" or "segs" in h:
                 break
             rows = h["out_rows"].ravel()
-            same = (h["K"] == g["K"] and h["P"] == g["P"] and
-                    (h["zy"], h["lo"], h["hi"]) == (g["zy"], g["lo"], g["hi"]) and
-                    np.array_equal(h["idx"], g["idx"]) and
-                    ((h["pad"] is None and g["pad"] is None) or
-                     (h["pad"] is not None and g["pad"] is not None and
-                      np.array_equal(h["pad"], g["pad"]) and np.array_equal(h["fill"], g["fill"]))))
-            if not same:
+            if not _same_gather(g, h):
                 others.append(rows)
                 continue
-            ok = not any(np.intersect1d(rows, o).size for o in others)
             ob = rows * C
-            for srows, nb in stores:
-                for a, off in srows:
-                    if ((ob + C > off) & (ob < off + nb)).any():
-                        ok = False                  # it would overwrite what the store reads
-                    for lo, hi in h["src"] + h["guards"]:
-                        if a < hi and lo < a + nb:
-                            ok = False              # the store writes what it reads
-            if not ok:
+            if any(np.intersect1d(rows, o).size for o in others) or \
+                    any(((ob + C > off) & (ob < off + nb)).any()     # overwrites what it reads
+                        for srows, nb in stores for _, off in srows) or \
+                    _stores_write(stores, h["src"] + h["guards"]):   # writes what it reads
                 break
             members.append(h)
             others.append(rows)
@@ -464,18 +468,17 @@ def _merge_tiles(ops, R, C):
 def _engine(g, R, C):
     """A "prod"'s product engine (float32 BLAS below SMALL_MACS) and its padding as the
     kernels take it."""
-    if True:
-        g["f32"] = g["K"] <= EXACT_K and g["P"] * g["K"] * g["out_rows"].shape[1] * C < SMALL_MACS
-        if g["pad"] is None:
-            g["padv"] = np.zeros((1, 1), np.int16)
-        else:
-            g["padv"] = np.full(g["pad"].shape, 256, np.int16)
-            fill = g["fill"]
-            fz = (np.frombuffer(fill.tobytes(), np.int8)[::R] if np.ndim(fill)
-                  else np.int8(np.frombuffer(fill.tobytes(), np.int8)[0]))
-            g["padv"][g["pad"]] = fz
-        g["out_rows"] = np.ascontiguousarray(g["out_rows"], np.int64)
-        g["idx"] = np.ascontiguousarray(g["idx"], np.int64)
+    g["f32"] = g["K"] <= EXACT_K and g["P"] * g["K"] * g["out_rows"].shape[1] * C < SMALL_MACS
+    if g["pad"] is None:
+        g["padv"] = np.zeros((1, 1), np.int16)
+    else:
+        g["padv"] = np.full(g["pad"].shape, 256, np.int16)
+        fill = g["fill"]
+        fz = (np.frombuffer(fill.tobytes(), np.int8)[::R] if np.ndim(fill)
+              else np.int8(np.frombuffer(fill.tobytes(), np.int8)[0]))
+        g["padv"][g["pad"]] = fz
+    g["out_rows"] = np.ascontiguousarray(g["out_rows"], np.int64)
+    g["idx"] = np.ascontiguousarray(g["idx"], np.int64)
 
 
 def _combine(ops, clobbered, R):
