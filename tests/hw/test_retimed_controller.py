@@ -24,7 +24,10 @@ hw/controller.py):
   completions two cycles before, minus earlier pops) has one;
 * run control: ``done`` rises only when nothing is left anywhere (after an error: when
   the DMA has no command in flight), within a few cycles of the last completion, and
-  ``error`` never shows without its code.
+  ``error`` never shows without its code;
+* ``stop_quiet`` = ``stopped & ~rd_cmd.valid & ~wr_cmd.valid`` (a register computed from
+  the three registers' next states), every cycle; ``res["stop_cases"]`` counts the cases
+  of the cycle after a stop and of a start while stopped, for the coverage asserts.
 """
 
 import random
@@ -42,6 +45,13 @@ import retimed_lib as lib  # noqa: E402 - on sys.path through tests/hw/conftest.
 
 BASE = 0x4000
 CH = ctl.FETCH_CHUNK
+#: what ``stop_quiet`` is checked on (``res["stop_cases"]``): the first cycle with
+#: ``stopped`` set and a read command presented / a write command (and no read command) /
+#: none; both presented; a later cycle of a stop; ``stopped`` cleared by a start; and, for
+#: the cycle that stopped the run, each command register's case there: a command selected
+#: (``sel``), one presented and not taken (``held``), one taken (``taken``), none
+STOP_CASES = ("first_rd", "first_wr", "first_quiet", "first_both", "later", "cleared_by_start",
+              *(f"{ch}_{c}" for ch in ("rd", "wr") for c in ("sel", "held", "taken", "none")))
 
 
 def chunk(n):
@@ -104,13 +114,14 @@ def _word(ins):
 
 
 def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_beat=0.8, rd_lat=(0, 6),
-                   wr_lat=(2, 12), c_lat=(3, 30), p_c=0.9, fault_at=None, fault_code=5, fault_info=0xABC,
-                   max_cycles=40000):
+                   wr_lat=(2, 12), c_lat=(3, 30), p_c=0.9, fault_at=None, fault_on=None, fault_code=5,
+                   fault_info=0xABC, max_cycles=40000):
     """Run ``programs`` one after the other (each started once the previous one is done)
     on the real controller against the testbench's DMA / compute models, checking the
     plain definitions every cycle (see the module docstring). Only the last program may
     end with an error; ``fault_at`` raises the fault input that many cycles after the
-    last program's start. Returns a dict of what happened."""
+    last program's start (with ``fault_on``, a predicate of the cycle's command registers,
+    at the first cycle from then on where it holds: see ``chan`` below). Returns a dict of what happened."""
     cfg = AcceleratorConfig(bus_bits=bus_bits)
     bpi = INSN_BITS // bus_bits
     bus_bytes = bus_bits // 8
@@ -121,6 +132,8 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
     remaining, free, fetch_n, rem_nz = S("remaining", ()), S("free", ()), S("fetch_n", ()), S("rem_nz", ())
     fetch_want, fetch_go, running, stopped = S("fetch_want", ()), S("fetch_go", ()), S("running", ()), S("stopped", ())
     dispatched, insn_take = S("dispatched", ()), S("insn_take", ())
+    stop_quiet = S("stop_quiet", ())
+    fetch_sel, load_sel, store_sel = S("fetch_sel", ()), S("load_sel", ()), S("store_sel", ())
     beats = lib.origin(frag, "beats")
     beats_stored = S("stored", ("beats",))
     rdp, wrp = lib.origin(frag, "rd_pending"), lib.origin(frag, "wr_pending")
@@ -139,7 +152,12 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
     want_err = ((ctl.ERR_ILLEGAL_INSN, illegal[0]) if illegal else
                 (fault_code, fault_info) if fault_at is not None else None)
     res = {"max_tok": 0, "fetches": 0, "room_waits": 0, "handover_at_stop": False, "done": [],
-           "max_read_pending": 0, "max_write_pending": 0}
+           "max_read_pending": 0, "max_write_pending": 0,
+           "stop_cases": {k: 0 for k in STOP_CASES}}
+
+    def case(sel, v, hs):
+        """A command register's case in a cycle (``STOP_CASES``)."""
+        return "sel" if sel else "taken" if hs else "held" if v else "none"
 
     async def bench(ctx):
         last = {}
@@ -156,7 +174,7 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
         pushes = {k: [] for k in toks}          # cycles of push events
         pops = {k: 0 for k in toks}
         prev = {"rd_v": 0, "rd_hs": 0, "wr_v": 0, "wr_hs": 0, "ci_v": 0, "ci_hs": 0,
-                "busy_plain": 0, "c_idle_plain": 1, "done": 0, "P": 0}
+                "busy_plain": 0, "c_idle_plain": 1, "done": 0, "P": 0, "stp": 0, "chan": None}
         fg_hist = [0, 0, 0]                     # fetch_go at t-1, t-2, t-3
         req_beats = delivered = 0
         takes = []                              # cycles of instruction takes
@@ -166,6 +184,7 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
         next_fetch_addr = fetched = 0
         stop_cycle = None
         stale = False           # a fetch decided as the run stopped (dropped)
+        fault_t = None          # the cycle the fault input rises
         last_event = 0
         cmd = wcmd = cins = None
         final = None
@@ -186,6 +205,20 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
             if stp and stop_cycle is None:
                 stop_cycle = t
             where = f"bus {bus_bits} seed {seed} program {k} cycle {t}"
+            # stop_quiet: the plain AND of the three registers
+            sq = ctx.get(stop_quiet)
+            assert sq == (stp & ~rd_v & ~wr_v & 1), \
+                f"{where}: stop_quiet {sq}, stopped {stp}, rd_cmd.valid {rd_v}, wr_cmd.valid {wr_v}"
+            if stp and not prev["stp"]:
+                res["stop_cases"]["first_rd" if rd_v else "first_wr" if wr_v else "first_quiet"] += 1
+                if rd_v and wr_v:
+                    res["stop_cases"]["first_both"] += 1
+                for ch, c in zip(("rd", "wr"), prev["chan"]):       # the stop cycle's case
+                    res["stop_cases"][f"{ch}_{c}"] += 1
+            elif stp:
+                res["stop_cases"]["later"] += 1
+            elif prev["stp"]:
+                res["stop_cases"]["cleared_by_start"] += 1
             if not stale:
                 # free: FIFO slots neither filled nor reserved
                 level = bin(ctx.get(beats_stored)).count("1")
@@ -340,8 +373,14 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
             if rd_done or wr_done or c_rd or c_wr or rd_hs or wr_hs or ci_hs or ins_we or not run:
                 progress = t
             f_on = fault_at is not None and k + 1 == len(programs) and run_start is not None
-            fault = int(f_on and t >= run_start + fault_at)
-            late = f_on and t >= run_start + fault_at + 1
+            if f_on and fault_t is None and t >= run_start + fault_at:
+                # (the selects are functions of registers only: their values now are this cycle's)
+                chan_now = (case(ctx.get(fetch_sel) | ctx.get(load_sel), rd_v, rd_hs),
+                            case(ctx.get(store_sel), wr_v, wr_hs))
+                if fault_on is None or fault_on(*chan_now):
+                    fault_t = t
+            fault = int(fault_t is not None and t >= fault_t)
+            late = fault_t is not None and t >= fault_t + 1
             put(dut.rd_cmd.ready, rd_ready)
             put(dut.wr_cmd.ready, wr_ready)
             put(dut.cinsn.ready, ci_ready)
@@ -369,6 +408,7 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
             for name, (cnt, dd, dec, av) in toks.items():
                 if ctx.get(dec):
                     assert ctx.get(av), f"{where}: {name} decremented while not available"
+            chan = (case(ctx.get(fetch_sel) | ctx.get(load_sel), rd_v, rd_hs), case(ctx.get(store_sel), wr_v, wr_hs))
             fg = ctx.get(fetch_go)
             if fg and not stp:
                 assert run and rem != 0 and fn == chunk(rem) and fn * bpi <= fr, \
@@ -382,7 +422,8 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
                 takes.append(t)
             P = int(P and not fg)
             prev.update(rd_v=rd_v, rd_hs=rd_hs, wr_v=wr_v, wr_hs=wr_hs, ci_v=ci_v, ci_hs=ci_hs,
-                        busy_plain=busy_plain, c_idle_plain=c_idle_plain, done=done, P=P)
+                        busy_plain=busy_plain, c_idle_plain=c_idle_plain, done=done, P=P, stp=stp,
+                        chan=chan)
             fg_hist = [fg] + fg_hist[:2]
             await ctx.tick()
         else:
@@ -455,7 +496,7 @@ def test_controller_fault(fault_at):
 
 #: the stop rule before the fix: the run ended on an error while a command was being
 #: handed over to an idle DMA (``dma_busy`` shows a handover a cycle later)
-STOP_NOW = "(stopped & ~dma_busy & ~self.rd_cmd.valid & ~self.wr_cmd.valid) | all_idle"
+STOP_NOW = "(stop_quiet & ~dma_busy) | all_idle"
 STOP_OLD = "(stopped & ~dma_busy) | all_idle"
 
 #: (bus, how the run stops): a fault in the cycle a LOAD is selected, an illegal
@@ -495,3 +536,73 @@ def test_controller_harness_catches_the_issue_15_hang():
         run_controller(64, _programs(5, [12, 30]), 5, cls=old, p_rd=0.9, p_beat=1.0, c_lat=(2, 12), p_c=1.0)
     run_controller(64, _programs(5, [12, 30]), 5, p_rd=0.9, p_beat=1.0, c_lat=(2, 12), p_c=1.0)
 
+
+
+# ------------------------------------------------------------------------ stop_quiet
+#: runs that stop in each case of ``STOP_CASES``: a fault raised (from a random time on)
+#: in the first cycle where the command registers are in the named case (read, write
+#: case), on a DMA that takes a command with probability 0.5 per cycle
+_STOP_RUNS = [      # (seed, read case, write case); None: any
+    (2000, "sel", None), (2000, "held", None), (2000, "taken", None),
+    (2000, None, "sel"), (2000, None, "held"), (2000, None, "taken"), (2004, "both", "both"),
+]
+
+
+def _stop_run(seed, rd, wr, cls=ctl.Controller):
+    def on(r, w):
+        if rd == "both":
+            return r != "none" and w != "none"
+        return (rd is None or r == rd) and (wr is None or w == wr)
+    rng = random.Random(seed)
+    prog = gen_program(rng, 30)
+    return run_controller(128, [prog], seed, cls=cls, fault_at=rng.randrange(3, 60), fault_on=on, p_rd=0.5,
+                          p_beat=1.0, c_lat=(2, 20), wr_lat=(0, 3), rd_lat=(0, 3))
+
+
+def _stop_runs(cls=ctl.Controller):
+    """Every ``STOP_CASES`` case, ``stop_quiet`` checked every cycle; returns the counts."""
+    total = dict.fromkeys(STOP_CASES, 0)
+
+    def add(res):
+        assert res["error"]
+        for key, n in res["stop_cases"].items():
+            total[key] += n
+    for seed, rd, wr in _STOP_RUNS:
+        add(_stop_run(seed, rd, wr, cls))
+    # a start while stopped (after an illegal instruction, with no SOFT_RESET: the
+    # instruction is still in the gearbox, so the next run stops on it again)
+    add(run_controller(128, [[5], [6]], 1, cls=cls, p_rd=1.0, p_beat=1.0))
+    rng = random.Random(106)
+    add(run_controller(128, [gen_program(rng, 5), gen_program(rng, 10, illegal_at=6)], 106, cls=cls,
+                       p_rd=1.0, p_beat=1.0, c_lat=(0, 2), rd_lat=(0, 1)))
+    return total
+
+
+def test_controller_stop_quiet_in_place():
+    """``stop_quiet`` (a register from the next states of ``stopped``, ``rd_cmd.valid`` and
+    ``wr_cmd.valid``) equals ``stopped & ~rd_cmd.valid & ~wr_cmd.valid`` every cycle (the
+    harness checks it in every test here); these runs reach every case of the cycle that
+    stops the run (a command selected, held, taken or none, on each channel; both
+    channels busy; a start clearing ``stopped``)."""
+    total = _stop_runs()
+    assert all(total.values()), total
+
+
+#: plausible wrong next states of ``stop_quiet``: the command selected in the stop cycle
+#: left out (the command 0e6520f waits for); the plain AND of the current registers (a
+#: cycle late); a start not clearing ``stopped``
+STOP_QUIET_WRONG = {
+    "select forgotten": ("rd_v_nx.eq(~stopped & ((fetch_sel | load_sel) | (self.rd_cmd.valid & ~self.rd_cmd.ready)))",
+                         "rd_v_nx.eq(~stopped & self.rd_cmd.valid & ~self.rd_cmd.ready)"),
+    "a cycle late": ("m.d.sync += stop_quiet.eq(stopped_nx & ~rd_v_nx & ~wr_v_nx)",
+                     "m.d.sync += stop_quiet.eq(stopped & ~self.rd_cmd.valid & ~self.wr_cmd.valid)"),
+    "start ignored": ("stopped_nx.eq(~begin & (stopped | (running & (illegal | self.fault))))",
+                      "stopped_nx.eq(stopped | (running & (illegal | self.fault)))"),
+}
+
+
+@pytest.mark.parametrize("wrong", list(STOP_QUIET_WRONG))
+def test_controller_stop_quiet_catches_wrong_next_state(wrong):
+    bad = lib.mutant(ctl.Controller, *STOP_QUIET_WRONG[wrong])
+    with pytest.raises(AssertionError, match="stop_quiet"):
+        _stop_runs(bad)
