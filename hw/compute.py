@@ -85,18 +85,25 @@ class _Fifo:
         self.w = data.View(layout, self.fifo.w_data)
         self.r = data.View(layout, self.fifo.r_data)
 
-    def head(self, m, consume, name):
+    def head(self, m, consume, name, eager=False):
         """The queue's head in a register of its own, ``(reg, valid)``: filled as soon as
         the queue has an entry and refilled as ``consume`` (a signal the caller drives)
         takes it, so whatever loads from it starts at flip-flops, not at the queue's
         asynchronous distributed-RAM read. Proved equal to the plain queue head (three
-        cycles after a push): tests/hw/test_retimed.py::test_fifo_head_exhaustive."""
+        cycles after a push): tests/hw/test_retimed.py::test_fifo_head_exhaustive.
+
+        ``eager``: ``reg`` loads whenever it is empty or consumed, whether or not the queue
+        has an entry (what it holds while ``valid`` is low is don't-care), so its wide
+        enable does not wait for the queue's flag (the back end's ``bq``: that enable, from
+        the job-end flags through the take, was an 8.1 ns path, 6.8 of it routing)."""
         reg = dreg(self.layout, name=name)
         valid = Signal(name=f"{name}_valid")
         take = Signal(name=f"{name}_take")
         m.d.comb += [take.eq(self.fifo.r_rdy & (~valid | consume)), self.fifo.r_en.eq(take)]
+        with m.If(~valid | consume if eager else take):
+            m.d.sync += reg.eq(self.r)
         with m.If(take):
-            m.d.sync += [valid.eq(1), reg.eq(self.r)]
+            m.d.sync += valid.eq(1)
         with m.Elif(consume):
             m.d.sync += valid.eq(0)
         return reg, valid
@@ -559,7 +566,7 @@ class ComputeEngine(wiring.Component):
         last_kt = kt_left[-1]
         job_end = Signal()
         b_load = Signal()
-        bq, bq_valid = back_q.head(m, b_load, "bq")
+        bq, bq_valid = back_q.head(m, b_load, "bq", eager=True)
         m.d.comb += [job_end.eq(beat & last_p & last_kt),
                      b_load.eq(bq_valid & (~bj_valid | job_end))]
         m.d.comb += [accmem.r_addr.eq(acc_addr), accmem.r_en.eq(beat)]
