@@ -253,6 +253,9 @@ def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
                             "its channel range")
     if op == "lut" and numba:
         return EngineChoice("numba-lut", "the layer's 256-entry table")
+    if op == "float" and numba and L.layer.attrs.get("op_type") == "LRN" and len(L.inputs) == 1:
+        return EngineChoice("numba-lrn", "LRN: exact integer window sums of squared codes, "
+                            "one float64 table lookup per output (the reference's table)")
     return EngineChoice("numpy", f"{op}: the reference kernel (data movement or float "
                         "fallback), one task")
 

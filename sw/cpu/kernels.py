@@ -41,7 +41,7 @@ import numpy as np
 
 __all__ = ["AVAILABLE", "plan_prod_f32", "plan_scatter", "plan_gather_u8", "plan_finish", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
            "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
-           "avgpool_rows", "lut1_range", "lut2_range"]
+           "avgpool_rows", "lut1_range", "lut2_range", "lrn_rows"]
 
 try:
     import numba  # noqa: F401
@@ -420,4 +420,31 @@ if AVAILABLE:
         for i in range(r0, r1):
             for j in range(c):
                 out[i, j] = table[j, np.int32(x[i, j]) & 0xFF]
+        return out
+
+
+if AVAILABLE:
+    @njit(**_jit)
+    def lrn_rows(x, z, lo_w, hi_w, table, zy, r0, r1, out):
+        """Quantized LRN on pixel rows ``[r0, r1)`` of channel-last int8 ``x`` [rows, C]:
+        ``d = x - z``, ``W`` = the exact integer sum of ``d^2`` over channels
+        ``[c - lo_w, c + hi_w]``, ``out = clamp(rint(d * table[W]) + zy)`` (float64
+        multiply, round half to even; ``table`` from
+        :func:`~dnnfab.sw.cpu.reference.lrn_table`, every entry finite)."""
+        c = x.shape[1]
+        sq = np.empty(c, np.int64)
+        for i in range(r0, r1):
+            for j in range(c):
+                d = np.int64(x[i, j]) - z
+                sq[j] = d * d
+            w = np.int64(0)
+            for j in range(min(hi_w, c - 1) + 1):
+                w += sq[j]
+            for j in range(c):
+                v = np.rint(np.float64(np.int64(x[i, j]) - z) * table[w]) + zy
+                out[i, j] = np.int8(max(-128.0, min(127.0, v)))
+                if j + 1 + hi_w < c:
+                    w += sq[j + 1 + hi_w]
+                if j - lo_w >= 0:
+                    w -= sq[j - lo_w]
         return out

@@ -734,11 +734,73 @@ def run_layer(qg, env, L, options=_DEFAULT):
             y, lay = np.ascontiguousarray(x.transpose([perm[i] for i in (0, 2, 3, 1)])), "cl"
         else:
             y, lay = np.ascontiguousarray(x.transpose(perm)), "lg"
+    elif op == "float" and is_qlrn(L):
+        y, lay = _run_qlrn(qg, env, L, options), "lg"
     elif op == "float":
         y, lay = _run_qfloat(qg, env, L), "lg"
     else:
         raise DnnfabError(f"layer {L.name!r}: unknown integer op {op!r}")
     env.put(L.output, y, lay)
+
+
+def lrn_params(qg, L):
+    """(z, lo_w, hi_w, table, zy) of a quantized LRN layer ``L`` (a QFloat of ONNX
+    ``LRN``): the input zero point, the channel window ``[c - lo_w, c + hi_w]``, the
+    float64 table of :func:`lrn_table` and the output zero point."""
+    a = L.layer.attrs["onnx_attrs"]
+    size = int(a["size"])
+    pi, po = qg.qtensors[L.inputs[0]], qg.qtensors[L.output]
+    z = int(pi.zero_point)
+    table = lrn_table(float(np.float32(pi.scale)), z, float(np.float32(po.scale)),
+                      float(a.get("alpha", 1e-4)), float(a.get("beta", 0.75)),
+                      float(a.get("bias", 1.0)), size)
+    return z, (size - 1) // 2, size // 2, table, int(po.zero_point)
+
+
+@functools.lru_cache(maxsize=32)
+def lrn_table(s_in, z, s_out, alpha, beta, bias, size):
+    """The quantized LRN's table: entry ``W`` (an exact integer window sum of squared
+    input codes ``(q - z)^2``, 0 .. size * max(q - z)^2) is the factor that maps a code
+    ``d = q - z`` to the output code before rounding,
+    ``s_in / s_out * (bias + alpha / size * s_in^2 * W)^-beta``, in float64 (non-finite
+    entries clamped). ONNX LRN on the dequantized input, with the window sum exact: every
+    engine reads this one table, so they agree to the bit on any CPU."""
+    dmax = max(abs(-128 - z), abs(127 - z))
+    wv = np.arange(size * dmax * dmax + 1, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        t = s_in / s_out * np.power(bias + alpha / size * (s_in * s_in) * wv, -beta)
+    t = np.nan_to_num(t, nan=0.0, posinf=1e300, neginf=-1e300)
+    t.flags.writeable = False
+    return t
+
+
+def qlrn_rows(x2, z, lo_w, hi_w, table, zy, numba=True):
+    """Quantized LRN of channel-last int8 rows ``x2`` [rows, C] (see :func:`lrn_table`)."""
+    if numba and _K.AVAILABLE:
+        return _K.lrn_rows(x2, z, lo_w, hi_w, table, zy, 0, x2.shape[0],
+                           np.empty_like(x2))
+    rows, c = x2.shape
+    d = x2.astype(np.int64) - z
+    cs = np.zeros((rows, c + 1), np.int64)
+    np.cumsum(d * d, axis=1, out=cs[:, 1:])
+    j = np.arange(c)
+    w = cs[:, np.minimum(j + hi_w, c - 1) + 1] - cs[:, np.maximum(j - lo_w, 0)]
+    v = np.rint(d.astype(np.float64) * table[w]) + zy
+    return np.clip(v, -128, 127).astype(np.int8)
+
+
+def _run_qlrn(qg, env, L, options=_DEFAULT):
+    z, lo_w, hi_w, table, zy = lrn_params(qg, L)
+    x = env.lg(L.inputs[0])
+    xc = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    y = qlrn_rows(xc.reshape(-1, xc.shape[-1]), z, lo_w, hi_w, table, zy,
+                  options.numba).reshape(xc.shape)
+    return np.ascontiguousarray(np.moveaxis(y, -1, 1))
+
+
+def is_qlrn(L):
+    """Whether ``L`` is a quantized ONNX LRN (a QFloat run by :func:`qlrn_rows`)."""
+    return L.op == "float" and L.layer.attrs.get("op_type") == "LRN" and len(L.inputs) == 1
 
 
 def _run_qfloat(qg, env, L):

@@ -818,6 +818,31 @@ class _GemmProg(_Prog):
         return [tasks], lambda: env.put(L.output, y.reshape(shp[:-1] + (nout,)), "lg")
 
 
+class _LrnProg(_Prog):
+    """Quantized LRN (:func:`~dnnfab.sw.cpu.reference.qlrn_rows`, the reference's own
+    table and window), channel-last, pixel-row ranges per thread."""
+
+    def __init__(self, L, choice, qg, shape_cl, threads):
+        super().__init__(L, choice)
+        self.params = R.lrn_params(qg, L)
+        self.shape_cl = shape_cl
+        rows = int(np.prod(shape_cl[:-1]))
+        self.parts = [(0, rows)] if rows * shape_cl[-1] < SPLIT_MIN_ELEMS * 4 or threads == 1 \
+            else _split(rows, threads)
+        self.slices = len(self.parts)
+        self.split = "rows" if self.slices > 1 else "none"
+
+    def bind(self, env):
+        L = self.L
+        z, lo_w, hi_w, table, zy = self.params
+        x2 = env.cl(L.inputs[0]).reshape(-1, self.shape_cl[-1])
+        y = np.empty(self.shape_cl, np.int8)
+        y2 = y.reshape(x2.shape)
+        tasks = [lambda a=a, b=b: _K.lrn_rows(x2, z, lo_w, hi_w, table, zy, a, b, y2)
+                 for a, b in self.parts]
+        return [tasks], lambda: env.put(L.output, y, "cl")
+
+
 class _LutProg(_Prog):
     def bind(self, env):
         x, lay = env.any(self.L.input)
@@ -1187,6 +1212,8 @@ class CpuWorkers:
             return _ConcatProg(L, choice, qg, t)
         if e == "numba-lut" and L.op == "lut":
             return _LutProg(L, choice)
+        if e == "numba-lrn" and len(in_shape) == 4:
+            return _LrnProg(L, choice, qg, _shape_cl(in_shape), t)
         if e.startswith("numba") or e.startswith("ort") or e == "blas-f32":
             choice = EngineChoice("numpy", f"{L.op}: shape outside the {e} kernel; the reference kernel")
         return _RefProg(L, choice, qg, opts)

@@ -309,6 +309,42 @@ def test_eltwise_engines_equal_contract(seed, op, threads, rank):
 
 
 # ---------------------------------------------------------------- the selector
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(1, 7), threads=st.integers(1, 3),
+       zx=st.sampled_from([-128, 127, 0, None]), extreme=st.booleans())
+def test_lrn_engine_equals_reference_and_float_formula(seed, size, threads, zx, extreme):
+    """Quantized LRN (numba-lrn, sliced over pixel rows) == the reference's table kernel ==
+    its numpy fallback, bit for bit; within one output code of ONNX's float formula on the
+    dequantized input (the window sum of squares is exact in the integer form)."""
+    from dnnfab.sw.ir.graph import Layer, _lrn
+    from dnnfab.sw.ir.qgraph import QFloat, QTensor, dequantize_tensor, quantize_tensor
+    rng = np.random.default_rng(seed)
+    c, h, w = int(rng.integers(1, 40)), int(rng.integers(1, 9)), int(rng.integers(1, 9))
+    zx = int(rng.integers(-128, 128)) if zx is None else zx
+    attrs = {"size": size, "alpha": float(10 ** rng.uniform(-5, -1)),
+             "beta": float(rng.uniform(0.5, 1.0)), "bias": float(rng.uniform(0.5, 2.0))}
+    lay = Layer("l", "float", ["x"], ["y"], {"op_type": "LRN", "onnx_attrs": attrs,
+                                             "n_inputs": 1})
+    L = QFloat("l", lay, ["x"], "y")
+    x = _int8(rng, (1, c, h, w))
+    if extreme:
+        x[:] = np.where(rng.random(x.shape) < 0.7, 127, -128).astype(np.int8)
+    sx = np.float32(10 ** rng.uniform(-3, 0))
+    qg = _graph(L, {"x": x.shape}, x.shape)
+    xf = dequantize_tensor(x, sx, zx)
+    yf = _lrn(xf, size, attrs["alpha"], attrs["beta"], attrs["bias"])
+    sy = np.float32(max(float(np.abs(yf).max()), 1e-6) / 100)
+    zy = int(rng.integers(-20, 20))
+    qg.qtensors = {"x": QTensor(sx, zx), "y": QTensor(sy, zy)}
+    want = R.run_reference(qg, {"x": x})["y"]
+    assert np.array_equal(R.run_reference(qg, {"x": x}, options=Options(numba=False))["y"], want)
+    got, rep = _run_workers(qg, {"x": x}, threads)
+    assert rep["l"]["engine"] == "numba-lrn"
+    np.testing.assert_array_equal(got["y"], want)
+    close = quantize_tensor(yf, sy, zy).astype(int)
+    assert np.abs(close - want).max() <= 1
+
+
 def test_selector_u8s8_only_with_int8_dot_products():
     for feats, eng in [(VNNI, "ort-u8s8"), (AVX2, "ort-u8u8"), (ARM_DOT, "ort-u8s8"),
                        (ARM, "ort-u8u8"), (E.CpuFeatures("x86_64", frozenset()), "ort-u8u8"),
