@@ -147,6 +147,7 @@ def _split_all():
     mp.setattr(W, "SPLIT_MIN_MACS", 0)
     mp.setattr(W, "SPLIT_MIN_ELEMS", 0)
     mp.setattr(W, "BAND_MIN_ROWS", 1)
+    mp.setattr(W, "HANDOFF_MIN_WORK", 0)     # and every task may go to any thread
     return mp
 
 
@@ -434,12 +435,14 @@ def zoo():
 def test_pool_equals_reference_any_thread_count_and_split(zoo, name, monkeypatch):
     q, fq = zoo[name]
     want = R.run_reference(q, fq, options=Options())
-    for threads, split in [(1, False), (2, False), (2, True), (3, True), (4, False)]:
+    for threads, split in [(1, False), (2, False), (2, True), (3, True), (4, False), (2, "all")]:
         with monkeypatch.context() as mp:
             if split:
                 mp.setattr(W, "SPLIT_MIN_MACS", 0)
                 mp.setattr(W, "SPLIT_MIN_ELEMS", 0)
                 mp.setattr(W, "BAND_MIN_ROWS", 1)
+            if split == "all":      # every task handed off (none kept by its thread)
+                mp.setattr(W, "HANDOFF_MIN_WORK", 0)
             with W.CpuWorkers(q, threads=threads) as w:
                 assert w.threads == threads
                 got = w.run(fq)
@@ -453,6 +456,37 @@ def test_pool_equals_reference_any_thread_count_and_split(zoo, name, monkeypatch
         assert all(r["engine"] and r["reason"] for r in rep.values())
         if split and threads > 1:
             assert sum(r["slices"] > 1 for r in rep.values()) > len(rep) // 3
+
+
+def test_small_tasks_stay_on_their_thread(zoo, monkeypatch):
+    """A ready task below HANDOFF_MIN_WORK runs on the thread that made it ready: with the
+    limit above every layer, a 2-thread run never touches the pool thread; with 0, tasks
+    do reach it. The outputs are the same."""
+    q, fq = zoo["squeezenet"]
+    want = R.run_reference(q, fq)
+    seen = {}
+    for limit in (2**62, 0):
+        monkeypatch.setattr(W, "HANDOFF_MIN_WORK", limit)
+        names = set()
+        with W.CpuWorkers(q, threads=2) as w:
+            for p in w._step_progs.values():
+                def bind(env, _b=p.bind):
+                    stages, fin = _b(env)
+
+                    def tag(fn):
+                        def t():
+                            names.add(threading.current_thread().name)
+                            return fn()
+                        return t
+                    return [[tag(f) for f in st] for st in stages], fin
+                p.bind = bind
+            for _ in range(3):
+                got = w.run(fq)
+                for k in want:
+                    np.testing.assert_array_equal(got[k], want[k])
+        seen[limit] = names
+    assert seen[2**62] == {threading.current_thread().name}
+    assert any(n.startswith("dnnfab-cpu-") for n in seen[0])
 
 
 def test_pool_densenet_and_resnet_with_numpy_engine():
