@@ -41,7 +41,8 @@ import numpy as np
 
 __all__ = ["AVAILABLE", "plan_prod_f32", "plan_scatter", "plan_gather_u8", "plan_finish", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
            "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
-           "avgpool_rows", "lut1_range", "lut2_range", "lrn_rows"]
+           "avgpool_rows", "lut1_range", "lut2_range", "lrn_rows", "rq_float_params", "requant_rows_f",
+           "requant_rows_perm_f", "requant_add_f", "requant_add_perm_f"]
 
 try:
     import numba  # noqa: F401
@@ -447,4 +448,84 @@ if AVAILABLE:
                     w += sq[j + 1 + hi_w]
                 if j - lo_w >= 0:
                     w -= sq[j - lo_w]
+        return out
+
+
+def rq_float_params(bias, m, n, vmax):
+    """The requantize of :func:`requant_rows` in float64, when that is exact: ``(bf, mf,
+    rf, sf)`` float64 [C] (bias, multiplier, ``2^(n-1)``, ``2^-n``) for the ``*_f``
+    kernels, or None. Exact when every ``|acc + bias| <= vmax``: then ``(acc + bias) * m +
+    2^(n-1)`` is an integer below 2^52 in magnitude (exact in float64), the scaling by
+    ``2^-n`` is exact and ``floor`` is the arithmetic shift. The int64 form cannot be
+    vectorized on AVX2 (no 64-bit multiply or arithmetic shift), this one can: measured
+    1.75x faster at 12321 x 64."""
+    m = np.asarray(m, np.int64)
+    n = np.asarray(n, np.int64)
+    if n.size == 0 or n.min() < 1 or n.max() > 1000:
+        return None
+    if float(vmax) * float(np.abs(m).max()) + 2.0 ** (int(n.max()) - 1) >= 2.0 ** 52:
+        return None
+    return tuple(np.ascontiguousarray(v, np.float64) for v in
+                 (np.asarray(bias, np.int64), m, 2.0 ** (n - 1).astype(np.float64),
+                  2.0 ** (-n.astype(np.float64))))
+
+
+if AVAILABLE:
+    @njit(inline="always")
+    def _rqf(x, bf, mf, rf, sf, zy, lo, hi):
+        v = np.floor(((x + bf) * mf + rf) * sf) + zy
+        return lo if v < lo else (hi if v > hi else v)
+
+    @njit(**_jit)
+    def requant_rows_f(acc, bf, mf, rf, sf, zy, lo, hi, out):
+        """:func:`requant_rows` with the parameters of :func:`rq_float_params` (zy, lo, hi
+        as floats)."""
+        rows, c = acc.shape
+        for i in range(rows):
+            a = acc[i]
+            o = out[i]
+            for j in range(c):
+                o[j] = np.int8(_rqf(np.float64(a[j]), bf[j], mf[j], rf[j], sf[j], zy, lo, hi))
+        return out
+
+    @njit(**_jit)
+    def requant_rows_perm_f(acc, bf, mf, rf, sf, zy, lo, hi, src, out):
+        """:func:`requant_rows_perm` in the float64 form."""
+        rows, c = acc.shape
+        tmp = np.empty(c, np.float64)
+        for i in range(rows):
+            a = acc[i]
+            for j in range(c):
+                tmp[j] = _rqf(np.float64(a[j]), bf[j], mf[j], rf[j], sf[j], zy, lo, hi)
+            for k in range(c):
+                out[i, k] = np.int8(tmp[src[k]])
+        return out
+
+    @njit(**_jit)
+    def requant_add_f(acc, bf, mf, rf, sf, zy, lo, hi, other, first, k0, z0, k1, z1,
+                      am, an, azy, alo, ahi, out):
+        """:func:`requant_add` with the conv's requantize in the float64 form (the add's
+        own requantize stays int64)."""
+        rows, c = acc.shape
+        for i in range(rows):
+            a = acc[i]
+            for j in range(c):
+                y = np.int64(_rqf(np.float64(a[j]), bf[j], mf[j], rf[j], sf[j], zy, lo, hi))
+                out[i, j] = _add(y, np.int64(other[i, j]), first, k0, z0, k1, z1,
+                                 am, an, azy, alo, ahi)
+        return out
+
+    @njit(**_jit)
+    def requant_add_perm_f(acc, bf, mf, rf, sf, zy, lo, hi, src, other, first, k0, z0, k1,
+                           z1, am, an, azy, alo, ahi, out):
+        """:func:`requant_add_perm` with the conv's requantize in the float64 form."""
+        rows, c = acc.shape
+        tmp = np.empty(c, np.float64)
+        for i in range(rows):
+            a = acc[i]
+            for j in range(c):
+                tmp[j] = _rqf(np.float64(a[j]), bf[j], mf[j], rf[j], sf[j], zy, lo, hi)
+            for k in range(c):
+                out[i, k] = _add(np.int64(tmp[src[k]]), np.int64(other[i, k]), first, k0, z0,
+                                 k1, z1, am, an, azy, alo, ahi)
         return out

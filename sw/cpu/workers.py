@@ -260,6 +260,43 @@ def _rq_into(acc, bias, m, n, zy, lo, hi, y2d):
         y2d[...] = requantize(acc.astype(np.int64) + bias, m, n, zy, lo, hi)
 
 
+class _Rq:
+    """A GEMM layer's requantize (per-channel ``bias``, ``m``, ``n``; ``zy``, ``lo``,
+    ``hi``), in the float64 form of :func:`kernels.rq_float_params` when ``vmax`` (a bound on
+    ``|acc + bias|``) makes it exact, else the int64 kernels. Column range [c0, c1) of the
+    accumulator's channels; ``src``: a fused channel shuffle; ``addp``: a fused residual
+    add (:class:`_FusedConvProg`)."""
+
+    def __init__(self, bias, m, n, zy, lo, hi, vmax):
+        self.bias, self.m, self.n = bias, m, n
+        self.zy, self.lo, self.hi = int(zy), int(lo), int(hi)
+        self.f = _K.rq_float_params(bias, m, n, vmax) if _K.AVAILABLE else None
+        self.fs = (float(zy), float(lo), float(hi))
+
+    def _p(self, c0, c1):
+        if self.f is not None:
+            return tuple(v[c0:c1] for v in self.f) + self.fs
+        return (self.bias[c0:c1], self.m[c0:c1], self.n[c0:c1], self.zy, self.lo, self.hi)
+
+    def rows(self, acc, out, c0=0, c1=None):
+        if self.f is not None:
+            _K.requant_rows_f(acc, *self._p(c0, c1), out)
+        else:
+            _rq_into(acc, *self._p(c0, c1), out)
+
+    def perm(self, acc, src, out):
+        (_K.requant_rows_perm_f if self.f is not None else _K.requant_rows_perm)(
+            acc, *self._p(0, None), src, out)
+
+    def add(self, acc, other, addp, out, c0=0, c1=None, src=None):
+        if src is None:
+            (_K.requant_add_f if self.f is not None else _K.requant_add)(
+                acc, *self._p(c0, c1), other, *addp, out)
+        else:
+            (_K.requant_add_perm_f if self.f is not None else _K.requant_add_perm)(
+                acc, *self._p(c0, c1), src, other, *addp, out)
+
+
 class _GemmConvProg(_Prog):
     """Dense / grouped conv through im2col and a GEMM engine (ort-u8s8, ort-u8u8,
     blas-f32), sliced by output-row bands or output-channel ranges."""
@@ -299,6 +336,8 @@ class _GemmConvProg(_Prog):
         self.bias = bias - 128 * colsum if self.u8 else bias
         self.m_, self.n_ = (np.ascontiguousarray(np.broadcast_to(np.asarray(v, np.int64), (cout,)))
                             for v in (L.m, L.n))
+        self.rq = _Rq(self.bias, self.m_, self.n_, L.zy, L.lo, L.hi,
+                      cig * kh * kw * 128 * 128 + int(np.abs(bias).max(initial=0)))
         m = n_ * ho * wo
         macs = m * cig * kh * kw * cout
         k = threads * (2 if macs >= BIG_MACS else 1)
@@ -367,24 +406,23 @@ class _GemmConvProg(_Prog):
         x = env.cl(L.input)
         y = np.empty(self.oshape, np.int8)
         n_, ho, wo, cout = self.oshape
-        rq = (self.bias, self.m_, self.n_, int(L.zy), int(L.lo), int(L.hi))
+        rq = self.rq
         tasks = []
         if self.split == "channels":
             y2 = y.reshape(-1, cout)
             for (c0, c1), eng in zip(self.parts, self.engines):
                 def t(c0=c0, c1=c1, eng=eng):
-                    acc = eng(self._cols(x, 0, ho))
-                    _rq_into(acc, rq[0][c0:c1], rq[1][c0:c1], rq[2][c0:c1], *rq[3:], y2[:, c0:c1])
+                    rq.rows(eng(self._cols(x, 0, ho)), y2[:, c0:c1], c0, c1)
                 tasks.append(t)
         else:
             for (oy0, oy1), eng in zip(self.parts, self.engines):
                 def t(oy0=oy0, oy1=oy1, eng=eng):
                     acc = self._acc(eng, x, oy0, oy1)
                     if n_ == 1:
-                        _rq_into(acc, *rq, y[0, oy0:oy1].reshape(-1, cout))
+                        rq.rows(acc, y[0, oy0:oy1].reshape(-1, cout))
                     else:
                         tmp = np.empty((n_ * (oy1 - oy0) * wo, cout), np.int8)
-                        _rq_into(acc, *rq, tmp)
+                        rq.rows(acc, tmp)
                         y[:, oy0:oy1] = tmp.reshape(n_, oy1 - oy0, wo, cout)
                 tasks.append(t)
         return [tasks], lambda: env.put(L.output, y, "cl")
@@ -415,7 +453,7 @@ class _FusedConvProg(_Prog):
         x = env.cl(L.input)
         y = np.empty(b.oshape, np.int8)
         cout = b.oshape[3]
-        rq = (b.bias, b.m_, b.n_, int(L.zy), int(L.lo), int(L.hi))
+        rq = b.rq
         other = None if self.add is None else np.ascontiguousarray(env.cl(self.other))
         tasks = []
         if b.split == "channels":      # add only (no permutation): column ranges
@@ -423,9 +461,7 @@ class _FusedConvProg(_Prog):
             ho = b.oshape[1]
             for (c0, c1), eng in zip(b.parts, b.engines):
                 def t(c0=c0, c1=c1, eng=eng):
-                    acc = eng(b._cols(x, 0, ho))
-                    _K.requant_add(acc, rq[0][c0:c1], rq[1][c0:c1], rq[2][c0:c1], *rq[3:],
-                                   o2[:, c0:c1], *self.addp, y2[:, c0:c1])
+                    rq.add(eng(b._cols(x, 0, ho)), o2[:, c0:c1], self.addp, y2[:, c0:c1], c0, c1)
                 tasks.append(t)
             return [tasks], lambda: env.put(self.output, y, "cl")
         for (oy0, oy1), eng in zip(b.parts, b.engines):
@@ -433,13 +469,9 @@ class _FusedConvProg(_Prog):
                 acc = b._acc(eng, x, oy0, oy1)
                 out = y[0, oy0:oy1].reshape(-1, cout)
                 if other is None:
-                    _K.requant_rows_perm(acc, *rq, self.src, out)
+                    rq.perm(acc, self.src, out)
                     return
-                o = other[0, oy0:oy1].reshape(-1, cout)
-                if self.src is None:
-                    _K.requant_add(acc, *rq, o, *self.addp, out)
-                else:
-                    _K.requant_add_perm(acc, *rq, self.src, o, *self.addp, out)
+                rq.add(acc, other[0, oy0:oy1].reshape(-1, cout), self.addp, out, src=self.src)
             tasks.append(t)
         return [tasks], lambda: env.put(self.output, y, "cl")
 
@@ -796,6 +828,8 @@ class _GemmProg(_Prog):
         self.bias = bias - 128 * colsum if self.u8 else bias
         self.m_, self.n_ = (np.ascontiguousarray(np.broadcast_to(np.asarray(v, np.int64), (nout,)))
                             for v in (L.m, L.n))
+        self.rq = _Rq(self.bias, self.m_, self.n_, L.zy, L.lo, L.hi,
+                      k * 128 * 128 + int(np.abs(bias).max(initial=0)))
         macs = rows * k * nout
         if macs < SPLIT_MIN_MACS or threads == 1 or nout < 2 * threads:
             self.parts = [(0, nout)]
@@ -822,8 +856,7 @@ class _GemmProg(_Prog):
         tasks = []
         for (c0, c1), eng in zip(self.parts, self.engines):
             def t(c0=c0, c1=c1, eng=eng):
-                _rq_into(eng(a), self.bias[c0:c1], self.m_[c0:c1], self.n_[c0:c1],
-                         int(L.zy), int(L.lo), int(L.hi), y[:, c0:c1])
+                self.rq.rows(eng(a), y[:, c0:c1], c0, c1)
             tasks.append(t)
         return [tasks], lambda: env.put(L.output, y.reshape(shp[:-1] + (nout,)), "lg")
 

@@ -10,7 +10,8 @@ loop implementations exactly, through the same plumbing FastPlan uses.
   zero points -128/127) vs qconv_int_slow;
 * FastPlan._avgpool_step (avgpool): random pools incl. padding and ceil-mode extra rows,
   and global pooling, vs qavgpool_int_slow;
-* lut1 / lut2 vs np.take.
+* lut1 / lut2 vs np.take;
+* the float64 requantize kernels (``*_f``, the CPU workers' form) vs the int64 ones.
 """
 
 import numpy as np
@@ -97,6 +98,55 @@ def test_requant_add_kernel_equals_requantize_then_add(seed, first, permute):
         y = yp
     want = G.qeltwise_int_slow([y, other] if first else [other, y], add)
     got = R.RequantK(m, n, zy, lo, hi, bias, dst).add(acc, other, add, first)
+    np.testing.assert_array_equal(got, want)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(["int32", "float32", "float64"]),
+       first=st.booleans())
+def test_float64_requant_kernels_equal_int64(seed, dtype, first):
+    """requant_rows_f / _perm_f / requant_add_f / _perm_f (the float64 form) equal the
+    int64 kernels bit for bit whenever rq_float_params accepts the bound, on accumulators
+    at the bound, exact rounding ties and narrow clamps; beyond 2^52 it refuses."""
+    rng = np.random.default_rng(seed)
+    c, rows = int(rng.integers(1, 9)), int(rng.integers(1, 40))
+    m = rng.integers(2**14, 2**15, c)
+    n = rng.integers(1, 45, c)
+    lim = 2**24 if dtype == "float32" else 2**31 - 1
+    acc = rng.integers(-lim, lim + 1, (rows, c), dtype=np.int64)
+    acc[0], acc[-1] = lim, -lim
+    bias = rng.integers(-2**20, 2**20, c)
+    for j in range(c):                        # ties: (acc + bias) * m = odd * 2^(n-1)
+        t = int(m[j] & -m[j]).bit_length() - 1     # m = odd * 2^t
+        v = 2**max(int(n[j]) - 1 - t, 0) - int(bias[j])
+        if int(n[j]) - 1 >= t and abs(v) <= lim:
+            acc[rows // 2, j] = v
+    vmax = int(np.abs(acc + bias).max())
+    p = K.rq_float_params(bias, m, n, vmax)
+    assert p is not None                      # 2^31 * 2^15 + 2^43 < 2^52
+    assert K.rq_float_params(bias, m * 2**16, n, 2**31) is None
+    zy = int(rng.choice([-128, 127, int(rng.integers(-128, 128))]))
+    lo, hi = _clamp(rng, zy)
+    fz = (float(zy), float(lo), float(hi))
+    a = acc.astype(dtype)
+    want, got = np.empty((rows, c), np.int8), np.empty((rows, c), np.int8)
+    K.requant_rows(a, bias, m, n, zy, lo, hi, want)
+    K.requant_rows_f(a, *p, *fz, got)
+    np.testing.assert_array_equal(got, want)
+    src = rng.permutation(c).astype(np.int64)
+    K.requant_rows_perm(a, bias, m, n, zy, lo, hi, src, want)
+    K.requant_rows_perm_f(a, *p, *fz, src, got)
+    np.testing.assert_array_equal(got, want)
+    other = _int8(rng, (rows, c))
+    addp = (first, int(rng.integers(1, 2**20)), int(rng.integers(-128, 128)),
+            int(rng.integers(1, 2**20)), int(rng.integers(-128, 128)),
+            int(rng.integers(2**14, 2**15)), int(rng.integers(20, 40)),
+            int(rng.integers(-128, 128)), -128, 127)
+    K.requant_add(a, bias, m, n, zy, lo, hi, other, *addp, want)
+    K.requant_add_f(a, *p, *fz, other, *addp, got)
+    np.testing.assert_array_equal(got, want)
+    K.requant_add_perm(a, bias, m, n, zy, lo, hi, src, other, *addp, want)
+    K.requant_add_perm_f(a, *p, *fz, src, other, *addp, got)
     np.testing.assert_array_equal(got, want)
 
 
