@@ -154,9 +154,17 @@ class EngineChoice:
     reason: str
 
 
-def select_gemm_engine(k, features, options=None, ort=True):
+#: weights within +-S8_PAIR_SAFE_W: a u8 x s8 product pair is at most 2 * 255 * 64 = 32640
+#: in magnitude, below int16's limit, so even a saturating pair sum (AVX2 ``vpmaddubsw``)
+#: is exact (onnxruntime's own advice for non-VNNI CPUs: 7-bit weights, reduce_range)
+S8_PAIR_SAFE_W = 64
+
+
+def select_gemm_engine(k, features, options=None, ort=True, wmax=None):
     """The GEMM engine for reduction length ``k`` on ``features`` (see the module
     docstring): u8s8 where it is exact and allowed, else u8u8, else float32 BLAS.
+    ``wmax``: the layer's largest weight magnitude (u8s8 is exact on any CPU when it is at
+    most :data:`S8_PAIR_SAFE_W`, e.g. ``quantize(reduce_range=True)``).
     ``options.gemm_engine == "numpy"`` forces ``blas-f32``; ``ort=False``: onnxruntime
     is not importable."""
     options = options or Options()
@@ -169,11 +177,20 @@ def select_gemm_engine(k, features, options=None, ort=True):
     if features.int8_dot and k <= U8S8_MAX_K:
         return EngineChoice("ort-u8s8", f"{features.describe()}: u8 x s8 dot products "
                             f"into int32, K={k} <= {U8S8_MAX_K}")
+    if wmax is not None and wmax <= S8_PAIR_SAFE_W and k <= U8S8_MAX_K:
+        return EngineChoice("ort-u8s8", f"weights within +-{wmax}: a u8 x s8 product pair "
+                            f"is at most 2*255*{wmax} < 2^15, so no int16 pair sum saturates "
+                            f"on any CPU; K={k} <= {U8S8_MAX_K}")
     if k <= U8U8_MAX_K:
         return EngineChoice("ort-u8u8", f"{why_not_s8 if not features.int8_dot else 'K too long for u8s8'}; "
                             f"u8 x u8 widens to 16 bit, exact for K={k} <= {U8U8_MAX_K}")
     return EngineChoice("blas-f32", f"K={k} > {U8U8_MAX_K}: int32 sums of the onnxruntime "
                         "engines could overflow; float32 BLAS in K chunks of 1024")
+
+
+def _wmax(L):
+    """The largest weight magnitude of a conv / gemm layer."""
+    return int(np.abs(L.qweight.astype(np.int16)).max(initial=0))
 
 
 def f32_conv_exact(qweight):
@@ -230,7 +247,7 @@ def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
                 macs <= NUMBA_GEMM_MAX_MACS and k <= NUMBA_GEMM_MAX_K:
             return EngineChoice("numba-gemm", f"{macs} MACs: an onnxruntime call would cost "
                                 "more; int32 sums in a numba loop (exact, K <= 131071)")
-        return select_gemm_engine(k, features, options, ort)
+        return select_gemm_engine(k, features, options, ort, _wmax(L))
     if op == "gemm":
         k = int(L.qweight.shape[1])
         macs = int(np.prod(in_shape[:-1])) * k * int(L.qweight.shape[0]) if in_shape else None
@@ -238,7 +255,7 @@ def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
                 macs <= NUMBA_GEMM_MAX_MACS and k <= NUMBA_GEMM_MAX_K:
             return EngineChoice("numba-gemm", f"{macs} MACs: an onnxruntime call would cost "
                                 "more; int32 sums in a numba loop (exact, K <= 131071)")
-        return select_gemm_engine(k, features, options, ort)
+        return select_gemm_engine(k, features, options, ort, _wmax(L))
     if op == "maxpool" and len(in_shape) == 4:
         return EngineChoice("numpy-max", "window maximum as numpy ufuncs on bands of output "
                             "rows (vectorized, GIL released); exact on int8")

@@ -204,37 +204,55 @@ def test_gemm_engines_equal_contract(engine, case, threads):
     small = x.shape[0] * x.shape[1] * L.qweight.shape[0] <= E.NUMBA_GEMM_MAX_MACS
     assert rep["f"]["engine"] == ("blas-f32" if engine == "numpy" else
                                   "numba-gemm" if engine == "auto" and small else
-                                  E.select_gemm_engine(x.shape[1], HERE).engine)
+                                  E.select_gemm_engine(x.shape[1], HERE, wmax=E._wmax(L)).engine)
 
 
 @SETTINGS
-@given(case=gemm_layer(), threads=st.integers(1, 2))
-def test_u8s8_path_exact_where_no_pair_can_saturate(case, threads):
-    """The u8s8 engine's fold, on a posed VNNI machine, with 7-bit weights: no u8*s8 pair
-    sum exceeds int16 (2 * 255 * 63 < 2^15), so it is exact on every CPU."""
+@given(case=gemm_layer(), threads=st.integers(1, 2), posed=st.booleans(),
+       wlim=st.sampled_from([63, 64]))
+def test_u8s8_path_exact_where_no_pair_can_saturate(case, threads, posed, wlim):
+    """The u8s8 engine with weights within +-64: no u8*s8 pair sum exceeds int16
+    (2 * 255 * 64 < 2^15), so the selector takes it on every CPU, this one (plain AVX2,
+    saturating pair sums) included, and it is exact; also on a posed VNNI machine."""
     x, L = case
-    L.qweight = np.clip(L.qweight, -63, 63)
+    L.qweight = np.clip(L.qweight, -wlim, wlim)
+    if posed is False and L.qweight.size > 1:    # the worst case: pairs at the limit
+        L.qweight.reshape(-1)[::2] = wlim
+        x[::2] = 127
     want = G.qgemm_int_slow(x, L)
     qg = _graph(L, {"x": x.shape}, want.shape)
-    got, rep = _run_workers(qg, {"x": x}, threads, Options(gemm_engine="ort"), features=VNNI)
+    got, rep = _run_workers(qg, {"x": x}, threads, Options(gemm_engine="ort"),
+                            features=VNNI if posed else HERE)
     assert rep["f"]["engine"] == "ort-u8s8"
     np.testing.assert_array_equal(got["y"], want)
 
 
+def test_selector_u8s8_by_weight_range():
+    """wmax <= 64 allows u8s8 without int8 dot products; 65 does not."""
+    assert E.select_gemm_engine(576, AVX2, wmax=64).engine == "ort-u8s8"
+    assert "no int16 pair sum saturates" in E.select_gemm_engine(576, AVX2, wmax=64).reason
+    assert E.select_gemm_engine(576, AVX2, wmax=65).engine == "ort-u8u8"
+    assert E.select_gemm_engine(576, ARM, wmax=127).engine == "ort-u8u8"
+    assert E.select_gemm_engine(E.U8U8_MAX_K + 1, AVX2, wmax=10).engine == "ort-u8s8"
+    assert E.select_gemm_engine(E.U8S8_MAX_K + 1, AVX2, wmax=10).engine == "blas-f32"
+    assert E.select_gemm_engine(576, AVX2, Options(gemm_engine="numpy"), wmax=1).engine == "blas-f32"
+
+
 def test_u8s8_conv_path_exact_with_7bit_weights():
     rng = np.random.default_rng(3)
-    for g, cin, cout, k in [(1, 16, 8, 3), (4, 16, 8, 1), (2, 8, 6, 3)]:
-        qw = np.clip(_weights(rng, (cout, cin // g, k, k)), -63, 63)
+    for g, cin, cout, k in [(1, 16, 8, 3), (4, 16, 8, 1), (2, 8, 6, 3), (1, 256, 8, 3)]:
+        qw = np.clip(_weights(rng, (cout, cin // g, k, k)), -64, 64)
         m, nn = _requant_params(rng, cout, cin // g * k * k)
         L = QConv("c", "x", "y", qw, rng.integers(-2**16, 2**16, cout).astype(np.int32), m, nn,
                   127, -128, -128, 127, (1, 1), (1, 0, 1, 2), (1, 1), g)
         x = _int8(rng, (1, 9, 7, cin))
         want = G.qconv_int_slow(x, L)
         qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
-        got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, 2, Options(gemm_engine="ort"),
-                                features=VNNI)
-        assert rep["c"]["engine"] == "ort-u8s8"
-        np.testing.assert_array_equal(got["y"], _cl_to_lg(want))
+        for feats in (VNNI, HERE):
+            got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, 2, Options(gemm_engine="ort"),
+                                    features=feats)
+            assert rep["c"]["engine"] == "ort-u8s8"
+            np.testing.assert_array_equal(got["y"], _cl_to_lg(want))
 
 
 @st.composite
@@ -383,10 +401,12 @@ def test_selector_small_layers_on_numba():
     assert E.select_engine(small, (1, 3, 8, 8), AVX2, Options(gemm_engine="ort")).engine == "ort-u8u8"
     assert E.select_engine(small, (1, 3, 8, 8), AVX2, Options(numba=False)).engine == "ort-u8u8"
     assert E.select_engine(small, (1, 3, 64, 64), AVX2).engine == "ort-u8u8"   # 2.2 M MACs
-    fc = QGemm("f", "x", "y", np.ones((10, 64), np.int8), *([np.ones(10, np.int32)] * 3),
+    fc = QGemm("f", "x", "y", np.full((10, 64), 127, np.int8), *([np.ones(10, np.int32)] * 3),
                0, 0, -128, 127)
     assert E.select_engine(fc, (1, 64), AVX2).engine == "numba-gemm"
     assert E.select_engine(fc, (4096, 64), AVX2).engine == "ort-u8u8"
+    fc.qweight = np.full((10, 64), -64, np.int8)           # 7-bit weights: u8s8 is exact
+    assert E.select_engine(fc, (4096, 64), AVX2).engine == "ort-u8s8"
 
 
 def test_selector_conv_kinds():
