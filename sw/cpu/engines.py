@@ -16,7 +16,9 @@ folded back as ``acc = a @ w - 128 * colsum(w)`` (into the bias):
     straight into int32: x86 with AVX512-VNNI / AVX-VNNI / AMX (``vpdpbusd``), ARM64 with
     the dot-product extension (``udot``/``sdot``/``usdot``). On plain AVX2 MLAS uses
     ``vpmaddubsw``, which adds product *pairs* in saturating int16
-    (2 * 255 * 127 > 32767): wrong, so never chosen there. K <= :data:`U8S8_MAX_K`
+    (2 * 255 * 127 > 32767): wrong, so never chosen there -- unless the layer's weights
+    are within +-:data:`S8_PAIR_SAFE_W` (64; 7-bit weights, ``quantize(reduce_range=True)``),
+    where no pair can exceed 2 * 255 * 64 < 2^15 on any CPU. K <= :data:`U8S8_MAX_K`
     (255 * 128 * K < 2^31).
 ``ort-u8u8``
     onnxruntime ``MatMulInteger`` uint8 x uint8, the weights stored as ``w + 128`` with
@@ -55,6 +57,11 @@ Direct engines:
 ``numba-pool``, ``numba-lut``
     average pool and table-driven add / concat / rescale / LUT in numba loops, integer
     arithmetic (tables hold the contract's int64 formula for every input code).
+``numba-lrn``
+    ONNX LRN (a CPU float op): the channel-window sum of squared codes ``(q - zx)^2`` is an
+    exact integer; one float64 table per layer (:func:`~dnnfab.sw.cpu.reference.lrn_table`)
+    maps it to the output factor, and the reference reads the same table, so every engine
+    agrees to the bit.
 ``numpy``
     layout ops and CPU float ops: the reference's own :func:`run_layer
     <dnnfab.sw.cpu.reference.run_layer>` (one task; pure data movement or the float
