@@ -195,6 +195,12 @@ def select_gemm_engine(k, features, options=None, ort=True, wmax=None):
                         "engines could overflow; float32 BLAS in K chunks of 1024")
 
 
+def is_qlrn(L):
+    """Whether ``L`` is a quantized ONNX LRN (a QFloat run by
+    :func:`~dnnfab.sw.cpu.reference.qlrn_rows`)."""
+    return L.op == "float" and L.layer.attrs.get("op_type") == "LRN" and len(L.inputs) == 1
+
+
 def _wmax(L):
     """The largest weight magnitude of a conv / gemm layer."""
     return int(np.abs(L.qweight.astype(np.int16)).max(initial=0))
@@ -277,7 +283,7 @@ def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
                             "its channel range")
     if op == "lut" and numba:
         return EngineChoice("numba-lut", "the layer's 256-entry table")
-    if op == "float" and numba and L.layer.attrs.get("op_type") == "LRN" and len(L.inputs) == 1:
+    if numba and is_qlrn(L):
         return EngineChoice("numba-lrn", "LRN: exact integer window sums of squared codes, "
                             "one float64 table lookup per output (the reference's table)")
     return EngineChoice("numpy", f"{op}: the reference kernel (data movement or float "

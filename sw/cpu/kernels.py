@@ -476,6 +476,13 @@ if AVAILABLE:
         v = np.floor(((x + bf) * mf + rf) * sf) + zy
         return lo if v < lo else (hi if v > hi else v)
 
+    @njit(inline="always")
+    def _rqf_row(acc, i, bf, mf, rf, sf, zy, lo, hi, tmp):
+        """Row ``i`` of ``acc`` requantized (float64 form) into the buffer ``tmp``."""
+        a = acc[i]
+        for j in range(acc.shape[1]):
+            tmp[j] = _rqf(np.float64(a[j]), bf[j], mf[j], rf[j], sf[j], zy, lo, hi)
+
     @njit(**_jit)
     def requant_rows_f(acc, bf, mf, rf, sf, zy, lo, hi, out):
         """:func:`requant_rows` with the parameters of :func:`rq_float_params` (zy, lo, hi
@@ -494,9 +501,7 @@ if AVAILABLE:
         rows, c = acc.shape
         tmp = np.empty(c, np.float64)
         for i in range(rows):
-            a = acc[i]
-            for j in range(c):
-                tmp[j] = _rqf(np.float64(a[j]), bf[j], mf[j], rf[j], sf[j], zy, lo, hi)
+            _rqf_row(acc, i, bf, mf, rf, sf, zy, lo, hi, tmp)
             for k in range(c):
                 out[i, k] = np.int8(tmp[src[k]])
         return out
@@ -522,9 +527,7 @@ if AVAILABLE:
         rows, c = acc.shape
         tmp = np.empty(c, np.float64)
         for i in range(rows):
-            a = acc[i]
-            for j in range(c):
-                tmp[j] = _rqf(np.float64(a[j]), bf[j], mf[j], rf[j], sf[j], zy, lo, hi)
+            _rqf_row(acc, i, bf, mf, rf, sf, zy, lo, hi, tmp)
             for k in range(c):
                 out[i, k] = _add(np.int64(tmp[src[k]]), np.int64(other[i, k]), first, k0, z0,
                                  k1, z1, am, an, azy, alo, ahi)

@@ -49,6 +49,7 @@ import numpy as np
 
 from ...errors import DnnfabError
 from . import kernels as _K
+from .engines import is_qlrn
 from .options import Options
 from ..ir.graph import from_cl, pad_nhwc, run_float_layer, to_cl, windows_nhwc
 from ..ref.golden import pool_geom
@@ -796,11 +797,6 @@ def _run_qlrn(qg, env, L, options=_DEFAULT):
     y = qlrn_rows(xc.reshape(-1, xc.shape[-1]), z, lo_w, hi_w, table, zy,
                   options.numba).reshape(xc.shape)
     return np.ascontiguousarray(np.moveaxis(y, -1, 1))
-
-
-def is_qlrn(L):
-    """Whether ``L`` is a quantized ONNX LRN (a QFloat run by :func:`qlrn_rows`)."""
-    return L.op == "float" and L.layer.attrs.get("op_type") == "LRN" and len(L.inputs) == 1
 
 
 def _run_qfloat(qg, env, L):

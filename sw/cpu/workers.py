@@ -55,8 +55,7 @@ from ..ir.qgraph import requantize
 from . import kernels as _K
 from . import reference as R
 from .engines import (CpuFeatures, EngineChoice, U8S8_MAX_K, U8U8_MAX_K, default_workers,
-                      layer_geometry,
-                      layer_signature, select_engine)
+                      is_qlrn, layer_geometry, layer_signature, select_engine)
 from .options import Options
 
 __all__ = ["CpuWorkers", "CpuTaskError"]
@@ -649,8 +648,7 @@ class _Dw1x1Prog(_Prog):
         nn = np.broadcast_to(np.asarray(L.n, np.int64), (cout,))[:, None]
         self.table = np.ascontiguousarray(requantize(acc, m, nn, L.zy, L.lo, L.hi))
         rows = n_ * ho * wo
-        self.parts = [(0, rows)] if rows * cout < SPLIT_MIN_ELEMS * 4 or threads == 1 \
-            else _split(rows, threads)
+        self.parts = _row_parts(rows, rows * cout // 4, threads)
         self.slices = len(self.parts)
         self.split = "rows" if self.slices > 1 else "none"
 
@@ -870,8 +868,7 @@ class _LrnProg(_Prog):
         self.params = R.lrn_params(qg, L)
         self.shape_cl = shape_cl
         rows = int(np.prod(shape_cl[:-1]))
-        self.parts = [(0, rows)] if rows * shape_cl[-1] < SPLIT_MIN_ELEMS * 4 or threads == 1 \
-            else _split(rows, threads)
+        self.parts = _row_parts(rows, rows * shape_cl[-1] // 4, threads)
         self.slices = len(self.parts)
         self.split = "rows" if self.slices > 1 else "none"
 
@@ -901,13 +898,13 @@ def _work(qg, L):
     in_shape = tuple(qg.shape(L.inputs[0])) if L.inputs else ()
     elems = int(np.prod(qg.shape(L.output)))
     if L.op in ("conv", "gemm"):
-        kind, k, _, n = layer_geometry(L, in_shape)
+        kind, k, _, _ = layer_geometry(L, in_shape)
         per_out = k * (8 if kind == "depthwise" else 1)
         return elems * (per_out + 60)
     if L.op in ("maxpool", "avgpool"):
         kh, kw = getattr(L, "kernel", (3, 3))
         return elems * (kh * kw * 10 + 60)
-    if R.is_qlrn(L):
+    if is_qlrn(L):
         return elems * 300
     return elems * 60
 

@@ -315,6 +315,20 @@ SMALL_MACS = 1 << 21
 MERGE_WINDOW = 256
 
 
+def _ahead(ops, i, used, stores):
+    """The ops after ``ops[i]`` that a merge may pull forward: (j, kind, op) within
+    MERGE_WINDOW, skipping those already merged (``used``); the STOREs passed on the way
+    are appended to ``stores`` (what a pulled-forward read must not overlap)."""
+    for j in range(i + 1, min(len(ops), i + MERGE_WINDOW)):
+        if j in used:
+            continue
+        k2, h = ops[j]
+        if k2 == "store":
+            stores.append(h)
+            continue
+        yield j, k2, h
+
+
 def _merge_bands(ops, R, C):
     """Groups with the same weights (the row bands of a layer, also when the M tiles of a
     grouped conv interleave them) become one product over their stacked rows ("bands"),
@@ -336,13 +350,7 @@ def _merge_bands(ops, R, C):
         key, members = _wkey(g), [g]
         bands = {"members": members, "gid": g["gid"]}
         stores = []
-        for j in range(i + 1, min(n, i + MERGE_WINDOW)):
-            if j in used:
-                continue
-            k2, h = ops[j]
-            if k2 == "store":
-                stores.append(h)
-                continue
+        for j, k2, h in _ahead(ops, i, used, stores):
             if k2 != "group":
                 break
             if _wkey(h) != key:
@@ -432,13 +440,7 @@ def _merge_tiles(ops, R, C):
             out.append(ops[i])
             continue
         members, stores, others = [g], [], [g["out_rows"].ravel()]
-        for j in range(i + 1, min(n, i + MERGE_WINDOW)):
-            if j in used:
-                continue
-            k2, h = ops[j]
-            if k2 == "store":
-                stores.append(h)
-                continue
+        for j, k2, h in _ahead(ops, i, used, stores):
             if k2 == "scatter":
                 break                       # a write to the output rows in between
             if k2 != "prod" or "segs" in h:
