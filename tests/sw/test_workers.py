@@ -684,16 +684,19 @@ def test_bench_cpu_script_small(tmp_path):
     from pathlib import Path
     repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "cpu.json"
-    proc = subprocess.run([sys.executable, "scripts/bench_cpu.py", "--models", "digits-cnn",
-                           "--repeat", "1", "--pause", "0", "--json", "--out", str(out)],
-                          cwd=repo, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "scripts/bench_cpu.py", "--models",
+                           "digits-cnn,squeezenet", "--repeat", "1", "--pause", "0", "--json",
+                           "--out", str(out)],
+                          cwd=repo, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    (row,) = data["results"]
-    for key in ("workers_ms_1t", "workers_ms_2t", "ort_int8_ms_1t", "ort_int8_ms_2t",
-                "speedup_2t_vs_1t", "ratio_vs_ort_int8_2t"):
-        assert row[key] > 0, key
-    assert row["model"] == "digits-cnn" and row["bit_exact"] and row["engine"]
+    rows = data["results"]
+    assert [r["model"] for r in rows] == ["digits-cnn", "squeezenet"]   # a zoo case too
+    for row in rows:
+        for key in ("workers_ms_1t", "workers_ms_2t", "ort_int8_ms_1t", "ort_int8_ms_2t",
+                    "speedup_2t_vs_1t", "ratio_vs_ort_int8_2t"):
+            assert row[key] > 0, key
+        assert row["bit_exact"] and row["engine"]
     assert data["machine"]["u8s8_exact"] == HERE.int8_dot
     assert data["machine_scaling"]["before"]["scaling"] > 0
 
