@@ -285,10 +285,12 @@ class MetricModel:
 
     def _local_ms(self, qg, workers):
         """{layer name: ms} at ``workers`` threads, measuring what the profile lacks."""
+        from ..cpu.profile import PASSES
         res = self.profile().measure(qg, threads=(int(workers),), repeats=self.repeats)
         self._record("local.profile", str(self.profile().path),
-                     f"measured: CpuProfile ({self.profile().machine}), median of "
-                     f"{self.repeats} CpuWorkers.run_layer runs per layer")
+                     f"measured: CpuProfile ({self.profile().machine}), the fastest of "
+                     f"{PASSES} x {self.repeats} CpuWorkers.run_layer runs per layer "
+                     f"(rounds over the network)")
         return {n: v[int(workers)] for n, v in res.items()}
 
     def runtime_layer_s(self):
