@@ -10,20 +10,19 @@ A *layer signature* (:func:`layer_signature`) is what the time depends on: the o
 shapes, kernel / stride / padding / groups and the engine the selector chose -- not the
 weight values -- so layers of the same form in different networks share one entry. Entries
 are kept per machine (:func:`machine_key`: CPU model, feature flags, core count): a profile
-file copied to another machine is not read for it. Each entry holds, over
-:data:`PASSES` x ``repeats`` runs of :meth:`CpuWorkers.run_layer
-<dnnfab.sw.cpu.workers.CpuWorkers.run_layer>` with the pool at that thread count, the
-fastest run (``ms``, what :meth:`CpuProfile.latency_ms` returns) and the median
-(``median_ms``), plus the engine and the reason it was chosen (the metric model reads both).
-Writes are atomic (temporary file + rename).
+file copied to another machine is not read for it. Each entry holds the median (``ms``,
+what :meth:`CpuProfile.latency_ms` returns) and the fastest (``min_ms``) of
+:meth:`CpuWorkers.run_layer <dnnfab.sw.cpu.workers.CpuWorkers.run_layer>`'s wall times with
+the pool at that thread count, plus the engine and the reason it was chosen (the metric
+model reads both). Writes are atomic (temporary file + rename).
 
-Why the fastest run: it is the layer's time on this machine when nothing else takes the
-core, and it repeats. The median also holds whatever the other tenants of a shared machine
-did during the measurement, which no profile can predict: measured here (2026-12-02, one
-thread, two measurements of every layer a minute apart), a second measurement met the
-first within 20 % on 97 / 100 / 99 % of the layers of squeezenet / eeg-seizure / shufflenet
-by the fastest run, on 79 / 100 / 61 % by the median. Jitter is the scheduler's business:
-a plan for this machine keeps part of each deadline free (``sched.api.LOCAL_MARGIN``).
+How a layer is timed: as a run of the network meets it. Each of :data:`PASSES` x
+``repeats`` rounds runs every layer of the network once, in order, and times each; a
+signature's entry gathers the runs of all its layers. A layer run back to back with itself
+(its input, output and weights still in cache from a moment ago) measured 1.3-1.5x faster
+here than in a run of the network, and the medians of such runs repeated poorly (a second
+measurement met the first within 20 % on 61-79 % of the layers of squeezenet and
+shufflenet; by rounds over the network, on 98-100 %; 2026-12-02).
 """
 
 from __future__ import annotations
@@ -46,7 +45,8 @@ from .workers import CpuWorkers
 
 __all__ = ["CpuProfile", "layer_signature", "machine_key", "default_profile_path"]
 
-#: 2: ``ms`` is the fastest run (1: the median); a file of another version is re-measured
+#: 2: timed in rounds over the whole network (1: back to back per layer); a file of
+#: another version is measured again
 VERSION = 2
 
 #: rounds over a network's layers when measuring (see :meth:`CpuProfile.measure`)
@@ -113,26 +113,27 @@ class CpuProfile:
         """The stored entry {ms, runs, engine, reason} or None."""
         return self._data.get(signature, {}).get(str(int(threads)))
 
-    def latency_ms(self, signature, threads, stat="min"):
-        """Wall time in ms of a layer with ``signature`` at ``threads`` worker threads:
-        its fastest measured run (``stat="min"``, see the module docstring) or the median
-        (``stat="median"``); None when it was never measured on this machine."""
+    def latency_ms(self, signature, threads, stat="median"):
+        """Wall time in ms of a layer with ``signature`` at ``threads`` worker threads: the
+        median of its measured runs (``stat="median"``) or the fastest (``"min"``); None
+        when it was never measured on this machine."""
         e = self.entry(signature, threads)
         if e is None:
             return None
         if stat not in ("min", "median"):
-            raise ValueError(f"stat={stat!r}: 'min' or 'median'")
-        return e["ms"] if stat == "min" else e["median_ms"]
+            raise ValueError(f"stat={stat!r}: 'median' or 'min'")
+        return e["ms"] if stat == "median" else e["min_ms"]
 
     def signatures(self):
         return sorted(self._data)
 
     def measure(self, qg, threads=(1, 2), repeats=5, feed_q=None, force=False, options=None):
         """Time every layer of ``qg`` not yet in the profile (all of them with ``force``)
-        at each thread count in ``threads``; the fastest and the median of :data:`PASSES` x
-        ``repeats`` runs of ``run_layer`` (``repeats`` per layer in each of PASSES rounds over the
-        layers) on real activations (the network is run once on ``feed_q``, default
-        random int8 inputs). Saves the file; returns {layer name: {threads: ms}}."""
+        at each thread count in ``threads``: :data:`PASSES` x ``repeats`` rounds over the
+        network's layers in order, each layer run once per round on real activations (the
+        network is run once on ``feed_q``, default random int8 inputs); an entry is the
+        median and the fastest of its signature's runs. Saves the file; returns
+        {layer name: {threads: ms}}."""
         options = options or Options.from_env()
         if isinstance(threads, int):
             threads = (threads,)
@@ -147,43 +148,40 @@ class CpuProfile:
                 for inp in qg.inputs:
                     env.put(inp.name, np.asarray(feed_q[inp.name]), "lg")
                 w.run_layers(env, qg.layers)
-                todo = []
+                sigs = {L.name: layer_signature(qg, L, report[L.name]["engine"]) for L in qg.layers}
+                times = {}                      # signature -> runs, for those to measure
                 for L in qg.layers:
-                    rep = report[L.name]
-                    sig = layer_signature(qg, L, rep["engine"])
-                    have = self.entry(sig, t)
+                    have = self.entry(sigs[L.name], t)
                     if have is not None and not force:
                         result.setdefault(L.name, {})[t] = have["ms"]
-                    elif sig not in {s_ for _, s_, _ in todo}:
-                        todo.append((L, sig, rep))
-                    else:                       # same signature as a layer being timed
-                        todo.append((L, sig, None))
-                # PASSES rounds over the layers, ``repeats`` runs each per round: the
-                # runs span the whole measurement, not one moment of a machine whose
-                # speed drifts (shared: 10-20% over seconds, measured)
-                times = {sig: [] for _, sig, rep in todo if rep is not None}
-                for L, sig, rep in todo:
-                    if rep is not None:
-                        w.run_layer(env, L)  # warm
-                for _ in range(PASSES):
-                    for L, sig, rep in todo:
-                        if rep is None:
-                            continue
-                        for _ in range(max(1, repeats)):
+                    else:
+                        times.setdefault(sigs[L.name], [])
+                if times:
+                    for L in qg.layers:
+                        w.run_layer(env, L)     # warm
+                    # every layer runs in every round, timed or not, so each timed one
+                    # meets the caches a run of the network leaves it
+                    for _ in range(PASSES * max(1, repeats)):
+                        for L in qg.layers:
                             t0 = time.perf_counter()
                             w.run_layer(env, L)
-                            times[sig].append(time.perf_counter() - t0)
-                for L, sig, rep in todo:
-                    if rep is not None:
-                        ts = times[sig]
-                        self._data.setdefault(sig, {})[str(int(t))] = {
-                            "ms": round(min(ts) * 1e3, 4),
-                            "median_ms": round(statistics.median(ts) * 1e3, 4),
-                            "runs": len(ts), "engine": rep["engine"],
-                            "reason": rep["reason"], "split": rep["split"],
-                            "slices": rep["slices"]}
-                for L, sig, rep in todo:
-                    result.setdefault(L.name, {})[t] = self._data[sig][str(int(t))]["ms"]
+                            dt = time.perf_counter() - t0
+                            ts = times.get(sigs[L.name])
+                            if ts is not None:
+                                ts.append(dt)
+                first = {}
+                for L in qg.layers:
+                    first.setdefault(sigs[L.name], L)
+                for sig, ts in times.items():
+                    rep = report[first[sig].name]
+                    self._data.setdefault(sig, {})[str(int(t))] = {
+                        "ms": round(statistics.median(ts) * 1e3, 4),
+                        "min_ms": round(min(ts) * 1e3, 4),
+                        "runs": len(ts), "engine": rep["engine"], "reason": rep["reason"],
+                        "split": rep["split"], "slices": rep["slices"]}
+                for L in qg.layers:
+                    if sigs[L.name] in times:
+                        result.setdefault(L.name, {})[t] = self._data[sigs[L.name]][str(int(t))]["ms"]
         self.save()
         return result
 

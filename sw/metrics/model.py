@@ -288,9 +288,9 @@ class MetricModel:
         from ..cpu.profile import PASSES
         res = self.profile().measure(qg, threads=(int(workers),), repeats=self.repeats)
         self._record("local.profile", str(self.profile().path),
-                     f"measured: CpuProfile ({self.profile().machine}), the fastest of "
-                     f"{PASSES} x {self.repeats} CpuWorkers.run_layer runs per layer "
-                     f"(rounds over the network)")
+                     f"measured: CpuProfile ({self.profile().machine}), the median of "
+                     f"{PASSES} x {self.repeats} rounds over the network, each layer's "
+                     f"CpuWorkers.run_layer once per round")
         return {n: v[int(workers)] for n, v in res.items()}
 
     def runtime_layer_s(self):
