@@ -31,8 +31,8 @@ kernels, strides 1-3, dilation, padding, several channel blocks), every cycle:
   flags of its (K tile, pixel) (loads from flip-flops, ``bq`` / ``bj``);
 * ``room``: no job queue is pushed while full; ``dstate`` is one-hot; ``done_read`` pulses
   when both feeders are done with a ``push_prev`` job (plain release rule with the
-  registered delays); ``idle`` = the plain idle of a cycle ago with no instruction
-  offered, never high with work in flight.
+  registered delays); ``idle`` = the plain idle of two cycles ago with no instruction
+  offered two cycles ago or one, never high with work in flight.
 """
 
 import itertools
@@ -293,6 +293,7 @@ def run_engine(insns, seed, max_cycles=8000, cls=ComputeEngine, p_valid=1.0):
         dr = []             # done_read pulses
         dw = 0
         prev_plain_idle, prev_valid = 1, 0
+        pprev_plain_idle, pprev_valid = 1, 0
         quiet = 0
         for t in range(max_cycles):
             where = f"seed {seed} cycle {t}"
@@ -358,10 +359,12 @@ def run_engine(insns, seed, max_cycles=8000, cls=ComputeEngine, p_valid=1.0):
                 dr.append(t)
             dw += ctx.get(dut.done_write)
             idle_out = ctx.get(dut.idle)
-            if t:       # (from the second cycle: the register resets to 0)
-                assert idle_out == (prev_plain_idle & ~prev_valid & 1), f"{where}: idle {idle_out}"
+            if t >= 2:  # (from the third cycle: the registers reset to 0)
+                assert idle_out == (pprev_plain_idle & ~pprev_valid & ~prev_valid & 1), \
+                    f"{where}: idle {idle_out}"
             pi = ctx.get(plain_idle)
             assert pi or not idle_out, f"{where}: idle shown with work in flight"
+            pprev_plain_idle, pprev_valid = prev_plain_idle, prev_valid
             prev_plain_idle, prev_valid = pi, valid
             quiet = quiet + 1 if (k == len(insns) and idle_out) else 0
             if quiet > 20:
