@@ -154,6 +154,12 @@ def test_validation_small_form(tmp_path):
     for r in m["fabric"]["layers"]:
         assert r["driver_cycles"] == r["model_cycles"]       # same fast model, per launch
     assert m["cpu"]["median_abs_err"] >= 0
+    # the model is the profile's median, compared with a fresh median of the same kind of
+    # runs; the fastest runs beside them
+    for r in m["cpu"]["layers"]:
+        assert 0 < r["measured_min_ms"] <= r["measured_ms"] + 1e-4
+        assert 0 < r["model_min_ms"] <= r["model_ms"] + 1e-4
+    assert rep["cpu_summary_min"]["n"] == rep["cpu_summary"]["n"] == len(m["cpu"]["layers"])
     chk = mod.board_cpu_check("ulx3s-85f")          # the ESP32 model vs a published time
     assert chk["model_ms"] > 0 and chk["measured_ms"] == 380.0 and chk["source"]
 
