@@ -3,7 +3,8 @@
 * CPU: the model's latency of every layer with host="local" (the CpuProfile, measured and
   cached on first use: the median of a layer's runs) against a fresh measurement of
   CpuWorkers.run_layer wall time taken the same way (the median of PASSES x ``--repeats``
-  rounds over the network's layers in order, each layer once per round, after a warm-up:
+  rounds over the network's layers in order, more for a network too quick to span
+  profile.MIN_MEASURE_S, each layer once per round, after a warm-up:
   what a run of the network meets), per layer; target within 20 %. The fastest runs are
   compared too (``min``).
 * Fabric: the model's cycles of every fabric layer's standalone launch against the
@@ -39,7 +40,7 @@ def _load(model):
 
 def _measure_cpu(qg, workers, repeats):
     """{layer: (median ms, fastest ms)} of CpuWorkers.run_layer, fresh (not the profile)."""
-    from dnnfab.sw.cpu.profile import PASSES
+    from dnnfab.sw.cpu.profile import rounds_for
     from dnnfab.sw.cpu import reference as R
     from dnnfab.sw.cpu.workers import CpuWorkers
     rng = np.random.default_rng(1)
@@ -51,11 +52,12 @@ def _measure_cpu(qg, workers, repeats):
             env.put(t.name, feed[t.name], "lg")
         w.run_layers(env, qg.layers)
         ts = {L.name: [] for L in qg.layers}
+        t_warm = time.perf_counter()
         for L in qg.layers:
             w.run_layer(env, L)
         # as a run of the network meets each layer (and as CpuProfile.measure times them):
         # rounds over the layers in network order, each layer once per round
-        for _ in range(PASSES * max(1, repeats)):
+        for _ in range(rounds_for(time.perf_counter() - t_warm, repeats)):
             for L in qg.layers:
                 t0 = time.perf_counter()
                 w.run_layer(env, L)

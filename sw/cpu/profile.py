@@ -17,8 +17,9 @@ the pool at that thread count, plus the engine and the reason it was chosen (the
 model reads both). Writes are atomic (temporary file + rename).
 
 How a layer is timed: as a run of the network meets it. Each of :data:`PASSES` x
-``repeats`` rounds runs every layer of the network once, in order, and times each; a
-signature's entry gathers the runs of all its layers. A layer run back to back with itself
+``repeats`` rounds (more for a quick network, to span :data:`MIN_MEASURE_S`) runs every
+layer of the network once, in order, and times each; a signature's entry gathers the runs
+of all its layers. A layer run back to back with itself
 (its input, output and weights still in cache from a moment ago) measured 1.3-1.5x faster
 here than in a run of the network, and the medians of such runs repeated poorly (a second
 measurement met the first within 20 % on 61-79 % of the layers of squeezenet and
@@ -51,6 +52,23 @@ VERSION = 2
 
 #: rounds over a network's layers when measuring (see :meth:`CpuProfile.measure`)
 PASSES = 3
+#: ... and at least this long: a small network's rounds (eeg-seizure: 0.5 ms) are repeated
+#: until they span this much time, so one moment of the machine cannot move the medians of
+#: its layers (15 rounds of eeg-seizure, 8 ms in all, gave medians 30-60 % apart in two
+#: measurements back to back; their fastest runs agreed within 4 %)
+MIN_MEASURE_S = 0.5
+#: at most this many rounds
+MAX_ROUNDS = 2000
+
+
+def rounds_for(round_s, repeats):
+    """How many rounds over a network :meth:`CpuProfile.measure` times, for a round of
+    ``round_s`` seconds: PASSES x ``repeats``, more for a network too quick to span
+    :data:`MIN_MEASURE_S`."""
+    n = PASSES * max(1, repeats)
+    if round_s > 0:
+        n = max(n, int(MIN_MEASURE_S / round_s) + 1)
+    return min(n, MAX_ROUNDS)
 
 
 def default_profile_path():
@@ -130,7 +148,8 @@ class CpuProfile:
     def measure(self, qg, threads=(1, 2), repeats=5, feed_q=None, force=False, options=None):
         """Time every layer of ``qg`` not yet in the profile (all of them with ``force``)
         at each thread count in ``threads``: :data:`PASSES` x ``repeats`` rounds over the
-        network's layers in order, each layer run once per round on real activations (the
+        network's layers in order (more for a network whose rounds would not span
+        :data:`MIN_MEASURE_S`: :func:`rounds_for`), each layer run once per round on real activations (the
         network is run once on ``feed_q``, default random int8 inputs); an entry is the
         median and the fastest of its signature's runs. Saves the file; returns
         {layer name: {threads: ms}}."""
@@ -157,11 +176,13 @@ class CpuProfile:
                     else:
                         times.setdefault(sigs[L.name], [])
                 if times:
+                    t_warm = time.perf_counter()
                     for L in qg.layers:
                         w.run_layer(env, L)     # warm
+                    n_rounds = rounds_for(time.perf_counter() - t_warm, repeats)
                     # every layer runs in every round, timed or not, so each timed one
                     # meets the caches a run of the network leaves it
-                    for _ in range(PASSES * max(1, repeats)):
+                    for _ in range(n_rounds):
                         for L in qg.layers:
                             t0 = time.perf_counter()
                             w.run_layer(env, L)
