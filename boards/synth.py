@@ -522,6 +522,35 @@ def _pnr_seeds(board, freq, seeds, placer, extra, work, jobs, step, timeout):
     return best, runs[best][1], summary
 
 
+class _work_lock:
+    """An exclusive lock on a synthesis work directory for one run (``fcntl.flock`` on its
+    ``.lock``): two runs of the same synthesis at once would write the same logs and
+    report; the second one fails at once with a one-line error instead."""
+
+    def __init__(self, work):
+        self.path = Path(work) / ".lock"
+        self.fd = None
+
+    def __enter__(self):
+        import fcntl
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            raise ToolchainError(f"another dnnfab synth is running this same synthesis (work "
+                                 f"directory {self.path.parent}); wait for it to finish, then run "
+                                 f"the command again to read its cached result") from None
+        return self
+
+    def __exit__(self, *exc):
+        import fcntl
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
+
+
 def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, placer=None,
                use_cache=True, progress=None, check=True, jobs=None, pnr_timeout=None):
     """Synthesize (and place and route, where the open toolchain can) ``top`` for ``board``.
@@ -589,110 +618,111 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
         except (OSError, json.JSONDecodeError):
             pass
     work.mkdir(parents=True, exist_ok=True)
-    (work / "design.il").write_text(text)
-    write_constraints(cfg, board, work, module=module, seed=seeds[0], placer=placer)
-    notes = []
-    seed_runs = None
+    with _work_lock(work):
+        (work / "design.il").write_text(text)
+        write_constraints(cfg, board, work, module=module, seed=seeds[0], placer=placer)
+        notes = []
+        seed_runs = None
 
-    step(f"yosys synth_{board.family if board.family != 'xc7' else 'xilinx'}")
-    mapper = "abc9"
-    try:
-        _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
-    except ToolchainError:
-        tail = (work / "yosys.log").read_text(errors="replace")[-400:] if (work / "yosys.log").exists() else ""
-        if "ABC9" not in tail and "ABC_OPS" not in tail:      # (an assert in its reintegration, too)
-            raise
-        mapper = "abc"
-        step(f"yosys (abc9 failed; LUT mapping with abc)")
-        (work / "synth.ys").write_text(_yosys_script(board.family, module, mapper="abc"))
-        _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
-        notes.append("yosys' abc9 failed on this design (YoWASP/yosys#29); LUTs were mapped with abc")
-    cells = _cells(json.loads((work / "stat.json").read_text()))
-    syn = _yosys_resources(board.family, cells)
-    if h is not None:
-        for k, v in h.cost.items():
-            syn[k] = max(0, syn[k] - v)
+        step(f"yosys synth_{board.family if board.family != 'xc7' else 'xilinx'}")
+        mapper = "abc9"
+        try:
+            _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
+        except ToolchainError:
+            tail = (work / "yosys.log").read_text(errors="replace")[-400:] if (work / "yosys.log").exists() else ""
+            if "ABC9" not in tail and "ABC_OPS" not in tail:      # (an assert in its reintegration, too)
+                raise
+            mapper = "abc"
+            step(f"yosys (abc9 failed; LUT mapping with abc)")
+            (work / "synth.ys").write_text(_yosys_script(board.family, module, mapper="abc"))
+            _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
+            notes.append("yosys' abc9 failed on this design (YoWASP/yosys#29); LUTs were mapped with abc")
+        cells = _cells(json.loads((work / "stat.json").read_text()))
+        syn = _yosys_resources(board.family, cells)
+        if h is not None:
+            for k, v in h.cost.items():
+                syn[k] = max(0, syn[k] - v)
 
-    avail = {k: board.resources.get(k, 0) for k in syn}
-    fmax = None
-    crit = None
-    pnr_ok = False
-    if board.has_open_pnr:
-        over = [k for k in syn if syn[k] > avail[k]]
-        if over:
-            notes.append(f"after synthesis {', '.join(f'{k} {syn[k]}/{avail[k]}' for k in over)} "
-                         f"exceed the device; place and route skipped")
-        else:
-            if len(seeds) == 1:
-                step(f"{_PNR[board.family]} place & route @ {freq:g} MHz")
-                fmax, report = _pnr(board, freq, seeds[0], placer, extra, work, pnr_timeout)
-                seed = seeds[0]
+        avail = {k: board.resources.get(k, 0) for k in syn}
+        fmax = None
+        crit = None
+        pnr_ok = False
+        if board.has_open_pnr:
+            over = [k for k in syn if syn[k] > avail[k]]
+            if over:
+                notes.append(f"after synthesis {', '.join(f'{k} {syn[k]}/{avail[k]}' for k in over)} "
+                             f"exceed the device; place and route skipped")
             else:
-                step(f"{_PNR[board.family]} place & route @ {freq:g} MHz, seeds "
-                     f"{', '.join(map(str, seeds))}")
-                seed, report, seed_runs = _pnr_seeds(board, freq, seeds, placer, extra, work, jobs,
-                                                     step, pnr_timeout)
-                fmax = next(s["fmax_mhz"] for s in seed_runs if s["seed"] == seed)
-                # synth.sh reproduces the kept placement
-                write_constraints(cfg, board, work, module=module, seed=seed, placer=placer)
-                notes.append(f"placed and routed with seeds {', '.join(map(str, seeds))}; kept seed "
-                             f"{seed} (" + ", ".join(f"{s['seed']}: " + (f"{s['fmax_mhz']:.1f}"
-                                                     if s["fmax_mhz"] is not None else "failed")
-                                                     for s in seed_runs) + " MHz)")
-            pnr = _pnr_resources(board.family, report.get("utilization", {}))
-            crit = _critical_path(report)
-            pnr_ok = True
-    resources = {}
-    for k in syn:
-        if pnr_ok and k in pnr:
-            used = pnr[k]["used"]
-            if h is not None and k == "lut":
-                used = max(0, used - h.cost["lut"])
-            resources[k] = {"used": used, "available": pnr[k]["available"] or avail[k]}
-        else:
-            resources[k] = {"used": syn[k], "available": avail[k]}
-    if "ff" in resources:
-        resources["ff"]["used"] = syn["ff"]      # nextpnr-ice40 folds FFs into LCs
-        if not pnr_ok or board.family == "ice40":
-            resources["ff"]["available"] = avail["ff"]
-    if not board.has_open_pnr:
-        notes.append(f"{board.fpga.part} has no open place and route on PyPI: resources are yosys "
-                     f"synth_xilinx counts; Fmax needs Vivado (part {board.fpga.full_part}, "
-                     f"constraints in {module}.xdc)")
-    if h is not None:
-        notes.append(f"nextpnr-ice40 has no out-of-context mode: the design was wrapped in an I/O "
-                     f"harness ({h.in_bits} input / {h.out_bits} output bits); its "
-                     f"{h.cost['lut']} LUTs / {h.cost['ff']} FFs are subtracted")
-    fits = all(r["used"] <= r["available"] for r in resources.values())
-    res = {
-        "board": board.id,
-        "part": board.fpga.full_part,
-        "top": top,
-        "module": module,
-        "config": cfg.to_dict(),
-        "config_hash": cfg.config_hash(),
-        "resources": resources,
-        "estimate": est,
-        "primitives": cells,
-        "fmax_mhz": fmax,
-        "target_mhz": freq,
-        "timing_met": None if fmax is None else fmax >= freq,
-        "fits": fits,
-        "critical_path": crit,
-        "nextpnr": None if not board.has_open_pnr else {"placer": placer, "seed": seed,
-                                                        "extra_args": extra},
-        "seeds": seed_runs,
-        "tool_versions": versions,
-        "lut_mapper": mapper,
-        "wall_s": round(time.perf_counter() - t0, 2),
-        "cached": False,
-        "work_dir": str(work),
-        "notes": notes,
-    }
-    if h is not None:
-        res["harness"] = h.cost
-    result_path.write_text(json.dumps(res, indent=2) + "\n")
-    return res
+                if len(seeds) == 1:
+                    step(f"{_PNR[board.family]} place & route @ {freq:g} MHz")
+                    fmax, report = _pnr(board, freq, seeds[0], placer, extra, work, pnr_timeout)
+                    seed = seeds[0]
+                else:
+                    step(f"{_PNR[board.family]} place & route @ {freq:g} MHz, seeds "
+                         f"{', '.join(map(str, seeds))}")
+                    seed, report, seed_runs = _pnr_seeds(board, freq, seeds, placer, extra, work, jobs,
+                                                         step, pnr_timeout)
+                    fmax = next(s["fmax_mhz"] for s in seed_runs if s["seed"] == seed)
+                    # synth.sh reproduces the kept placement
+                    write_constraints(cfg, board, work, module=module, seed=seed, placer=placer)
+                    notes.append(f"placed and routed with seeds {', '.join(map(str, seeds))}; kept seed "
+                                 f"{seed} (" + ", ".join(f"{s['seed']}: " + (f"{s['fmax_mhz']:.1f}"
+                                                         if s["fmax_mhz"] is not None else "failed")
+                                                         for s in seed_runs) + " MHz)")
+                pnr = _pnr_resources(board.family, report.get("utilization", {}))
+                crit = _critical_path(report)
+                pnr_ok = True
+        resources = {}
+        for k in syn:
+            if pnr_ok and k in pnr:
+                used = pnr[k]["used"]
+                if h is not None and k == "lut":
+                    used = max(0, used - h.cost["lut"])
+                resources[k] = {"used": used, "available": pnr[k]["available"] or avail[k]}
+            else:
+                resources[k] = {"used": syn[k], "available": avail[k]}
+        if "ff" in resources:
+            resources["ff"]["used"] = syn["ff"]      # nextpnr-ice40 folds FFs into LCs
+            if not pnr_ok or board.family == "ice40":
+                resources["ff"]["available"] = avail["ff"]
+        if not board.has_open_pnr:
+            notes.append(f"{board.fpga.part} has no open place and route on PyPI: resources are yosys "
+                         f"synth_xilinx counts; Fmax needs Vivado (part {board.fpga.full_part}, "
+                         f"constraints in {module}.xdc)")
+        if h is not None:
+            notes.append(f"nextpnr-ice40 has no out-of-context mode: the design was wrapped in an I/O "
+                         f"harness ({h.in_bits} input / {h.out_bits} output bits); its "
+                         f"{h.cost['lut']} LUTs / {h.cost['ff']} FFs are subtracted")
+        fits = all(r["used"] <= r["available"] for r in resources.values())
+        res = {
+            "board": board.id,
+            "part": board.fpga.full_part,
+            "top": top,
+            "module": module,
+            "config": cfg.to_dict(),
+            "config_hash": cfg.config_hash(),
+            "resources": resources,
+            "estimate": est,
+            "primitives": cells,
+            "fmax_mhz": fmax,
+            "target_mhz": freq,
+            "timing_met": None if fmax is None else fmax >= freq,
+            "fits": fits,
+            "critical_path": crit,
+            "nextpnr": None if not board.has_open_pnr else {"placer": placer, "seed": seed,
+                                                            "extra_args": extra},
+            "seeds": seed_runs,
+            "tool_versions": versions,
+            "lut_mapper": mapper,
+            "wall_s": round(time.perf_counter() - t0, 2),
+            "cached": False,
+            "work_dir": str(work),
+            "notes": notes,
+        }
+        if h is not None:
+            res["harness"] = h.cost
+        result_path.write_text(json.dumps(res, indent=2) + "\n")
+        return res
 
 
 # -- sweeps --------------------------------------------------------------------------------

@@ -201,3 +201,34 @@ def test_autosized_config_really_fits(cache, top):
     res = synthesize(cfg, board, top)
     assert res["fits"] is True
     assert res["resources"]["dsp"]["used"] == estimate(cfg, board, top)["dsp"]
+
+
+def test_one_synthesis_at_a_time_per_work_directory(tmp_path):
+    """Two runs of the same synthesis at once (same work directory) would write the same
+    logs and report: while another process holds the directory, the second run fails at
+    once with a one-line error; once it is released, the next run goes ahead."""
+    import subprocess
+    import sys
+    from dnnfab.errors import ToolchainError
+    from dnnfab.boards.synth import _work_lock
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from dnnfab.boards.synth import _work_lock\n"
+         f"with _work_lock({str(tmp_path)!r}):\n"
+         "    print('held', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ToolchainError, match=r"another dnnfab synth is running this same "
+                                                 r"synthesis \(work directory .*\); wait for it"):
+            with _work_lock(tmp_path):
+                pass
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert holder.returncode == 0
+    with _work_lock(tmp_path):                  # released with the other process's run
+        with pytest.raises(ToolchainError):     # and one run at a time within a process too
+            with _work_lock(tmp_path):
+                pass
+    with _work_lock(tmp_path):
+        pass
