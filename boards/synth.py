@@ -441,6 +441,49 @@ def _key(rtlil_text, board, top, freq, seed, versions, placer=None):
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+#: what one yosys run leaves in the work directory (the netlist and its statistics)
+_YOSYS_OUTPUTS = ("synth.json", "stat.json", "yosys.log", "synth.ys")
+
+
+def _netlist_dir(rtlil_text, board, top, module, versions):
+    """Where yosys' result for this RTLIL, part, top and toolchain is kept for other runs
+    of the same netlist (other seeds, placers or clock targets: none changes the script),
+    ``$DNNFAB_CACHE/synth/<board>/netlists/<top>_<key>/``."""
+    d = {"flow": FLOW_VERSION, "rtlil": hashlib.sha256(rtlil_text.encode()).hexdigest(),
+         "board": [board.id, board.fpga.part, board.fpga.package, board.fpga.speed],
+         "top": top, "module": module, "tools": versions,
+         "script": _yosys_script(board.family, module)}
+    key = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / board.id / "netlists" / f"{top}_{key}"
+
+
+def _netlist_from_cache(nd, work):
+    """Copy a kept yosys result into ``work``; returns (mapper, notes) or None."""
+    import shutil
+    try:
+        meta = json.loads((nd / "netlist.json").read_text())
+        for f in _YOSYS_OUTPUTS:
+            shutil.copyfile(nd / f, work / f)
+    except (OSError, ValueError):
+        return None
+    return meta["mapper"], list(meta["notes"])
+
+
+def _netlist_to_cache(nd, work, mapper, notes):
+    """Keep this run's yosys result (copied, then named complete by ``netlist.json``)."""
+    import shutil
+    import tempfile
+    try:
+        nd.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=nd.parent, prefix=".tmp-"))
+        for f in _YOSYS_OUTPUTS:
+            shutil.copyfile(work / f, tmp / f)
+        (tmp / "netlist.json").write_text(json.dumps({"mapper": mapper, "notes": notes}))
+        os.replace(tmp, nd)
+    except OSError:                      # (another run kept it first, or no space: no reuse)
+        shutil.rmtree(tmp, ignore_errors=True) if "tmp" in locals() else None
+
+
 def seed_list(spec):
     """``"4"`` -> ``[1, 2, 3, 4]``; ``"1,5,9"`` -> ``[1, 5, 9]`` (``dnnfab synth --seeds``)."""
     try:
@@ -624,19 +667,30 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
         notes = []
         seed_runs = None
 
-        step(f"yosys synth_{board.family if board.family != 'xc7' else 'xilinx'}")
-        mapper = "abc9"
-        try:
-            _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
-        except ToolchainError:
-            tail = (work / "yosys.log").read_text(errors="replace")[-400:] if (work / "yosys.log").exists() else ""
-            if "ABC9" not in tail and "ABC_OPS" not in tail:      # (an assert in its reintegration, too)
-                raise
-            mapper = "abc"
-            step(f"yosys (abc9 failed; LUT mapping with abc)")
-            (work / "synth.ys").write_text(_yosys_script(board.family, module, mapper="abc"))
-            _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
-            notes.append("yosys' abc9 failed on this design (YoWASP/yosys#29); LUTs were mapped with abc")
+        nd = _netlist_dir(text, board, top, module, versions)
+        kept = _netlist_from_cache(nd, work) if use_cache else None
+        if kept is not None:
+            mapper, more = kept
+            notes += more
+            step("yosys: the same netlist's synthesis reused (other seeds, placer or clock)")
+            notes.append(f"netlist reused from an earlier run of the same RTLIL ({nd})")
+        else:
+            step(f"yosys synth_{board.family if board.family != 'xc7' else 'xilinx'}")
+            mapper = "abc9"
+            more = []
+            try:
+                _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
+            except ToolchainError:
+                tail = (work / "yosys.log").read_text(errors="replace")[-400:] if (work / "yosys.log").exists() else ""
+                if "ABC9" not in tail and "ABC_OPS" not in tail:      # (an assert in its reintegration, too)
+                    raise
+                mapper = "abc"
+                step(f"yosys (abc9 failed; LUT mapping with abc)")
+                (work / "synth.ys").write_text(_yosys_script(board.family, module, mapper="abc"))
+                _run_tool("yosys", ["-q", "-l", "yosys.log", "synth.ys"], work, "yosys.out")
+                more.append("yosys' abc9 failed on this design (YoWASP/yosys#29); LUTs were mapped with abc")
+            notes += more
+            _netlist_to_cache(nd, work, mapper, more)
         cells = _cells(json.loads((work / "stat.json").read_text()))
         syn = _yosys_resources(board.family, cells)
         if h is not None:

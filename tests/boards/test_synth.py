@@ -85,9 +85,20 @@ def test_ecp5_seed_sweep_keeps_the_fastest_placement(cache):
     assert f"--seed {best['seed']} " in (work / "synth.sh").read_text()
     assert not (work / "seed1" / "synth.json").exists()
     assert any("seeds done" in s for s in steps)
-    # each seed's run is the same as a single-seed synthesis with that seed
-    one = synthesize(cfg, "ulx3s-85f", "array", seed=2)
+    assert any(s.startswith("yosys synth_") for s in steps)
+    # each seed's run is the same as a single-seed synthesis with that seed, which places
+    # the sweep's netlist again instead of running yosys on the same RTLIL
+    steps1 = []
+    one = synthesize(cfg, "ulx3s-85f", "array", seed=2, progress=steps1.append)
     assert one["fmax_mhz"] == runs[1]["fmax_mhz"]
+    assert not any(s.startswith("yosys synth_") for s in steps1)
+    assert any("netlist reused" in n for n in one["notes"])
+    assert one["resources"] == res["resources"] and one["lut_mapper"] == res["lut_mapper"]
+    assert (Path(one["work_dir"]) / "synth.json").read_bytes() == (work / "synth.json").read_bytes()
+    # without the cache, yosys runs again
+    steps2 = []
+    fresh = synthesize(cfg, "ulx3s-85f", "array", seed=2, use_cache=False, progress=steps2.append)
+    assert any(s.startswith("yosys synth_") for s in steps2) and fresh["fmax_mhz"] == one["fmax_mhz"]
     again = synthesize(cfg, "ulx3s-85f", "array", seeds=[1, 2])
     assert again["cached"] is True and again["seeds"] == runs
 
