@@ -476,12 +476,15 @@ def _netlist_to_cache(nd, work, mapper, notes):
     try:
         nd.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=nd.parent, prefix=".tmp-"))
+    except OSError:
+        return
+    try:
         for f in _YOSYS_OUTPUTS:
             shutil.copyfile(work / f, tmp / f)
         (tmp / "netlist.json").write_text(json.dumps({"mapper": mapper, "notes": notes}))
         os.replace(tmp, nd)
     except OSError:                      # (another run kept it first, or no space: no reuse)
-        shutil.rmtree(tmp, ignore_errors=True) if "tmp" in locals() else None
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def seed_list(spec):

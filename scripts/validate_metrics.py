@@ -39,32 +39,21 @@ def _load(model):
 
 
 def _measure_cpu(qg, workers, repeats):
-    """{layer: (median ms, fastest ms)} of CpuWorkers.run_layer, fresh (not the profile)."""
-    from dnnfab.sw.cpu.profile import rounds_for
+    """({layer: (median ms, fastest ms)}, {layer: engine}) of CpuWorkers.run_layer, fresh
+    (not the profile), timed as CpuProfile.measure times (profile.time_in_rounds)."""
+    from dnnfab.sw.cpu.profile import time_in_rounds
     from dnnfab.sw.cpu import reference as R
     from dnnfab.sw.cpu.workers import CpuWorkers
     rng = np.random.default_rng(1)
     feed = {t.name: rng.integers(-128, 128, t.shape).astype(np.int8) for t in qg.inputs}
-    out = {}
     with CpuWorkers(qg, threads=workers) as w:
+        engines = {n: r["engine"] for n, r in w.engine_report().items()}
         env = R.Env(qg)
         for t in qg.inputs:
             env.put(t.name, feed[t.name], "lg")
         w.run_layers(env, qg.layers)
-        ts = {L.name: [] for L in qg.layers}
-        t_warm = time.perf_counter()
-        for L in qg.layers:
-            w.run_layer(env, L)
-        # as a run of the network meets each layer (and as CpuProfile.measure times them):
-        # rounds over the layers in network order, each layer once per round
-        for _ in range(rounds_for(time.perf_counter() - t_warm, repeats)):
-            for L in qg.layers:
-                t0 = time.perf_counter()
-                w.run_layer(env, L)
-                ts[L.name].append(time.perf_counter() - t0)
-        for L in qg.layers:
-            out[L.name] = (statistics.median(ts[L.name]) * 1e3, min(ts[L.name]) * 1e3)
-    return out
+        ts = time_in_rounds(w, env, qg.layers, repeats)
+    return {n: (statistics.median(v) * 1e3, min(v) * 1e3) for n, v in ts.items()}, engines
 
 
 def _driver_cycles(net, cfg, backend="model"):
@@ -150,7 +139,6 @@ def _stats(errs, limit):
 def validate(models=DEFAULT_MODELS, board="ulx3s-85f", workers=1, repeats=5, backend="model",
              profile_path=None):
     from dnnfab.sw.cpu.profile import CpuProfile, layer_signature
-    from dnnfab.sw.cpu.workers import CpuWorkers
     from dnnfab.sw.metrics import MetricModel
     import os
     report = {"board": board, "workers": workers, "repeats": repeats, "backend": backend,
@@ -163,11 +151,9 @@ def validate(models=DEFAULT_MODELS, board="ulx3s-85f", workers=1, repeats=5, bac
         mm = MetricModel(board, host="local", profile=prof, repeats=repeats)
         nc = mm.network(qg, workers=workers, splits=())
         report["machine"] = prof.machine
-        with CpuWorkers(qg, threads=workers) as w:
-            engines = {n: r["engine"] for n, r in w.engine_report().items()}
         by_name = {x.name: x for x in qg.layers}
-        meas = _measure_cpu(qg, workers, repeats)
-        again = _measure_cpu(qg, workers, repeats)          # the noise floor of a measurement
+        meas, engines = _measure_cpu(qg, workers, repeats)
+        again, _ = _measure_cpu(qg, workers, repeats)       # the noise floor of a measurement
         rows = []
         for L in nc.layers:
             # the CPU's own time (the runtime's per-layer cost, runtime_layer_s, is

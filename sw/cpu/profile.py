@@ -23,7 +23,8 @@ of all its layers. A layer run back to back with itself
 (its input, output and weights still in cache from a moment ago) measured 1.3-1.5x faster
 here than in a run of the network, and the medians of such runs repeated poorly (a second
 measurement met the first within 20 % on 61-79 % of the layers of squeezenet and
-shufflenet; by rounds over the network, on 98-100 %; 2026-12-02).
+shufflenet; by rounds over the network, on 93-99 % of the 178 layers of four networks;
+2026-12-02).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from .options import Options
 from . import reference as R
 from .workers import CpuWorkers
 
-__all__ = ["CpuProfile", "layer_signature", "machine_key", "default_profile_path"]
+__all__ = ["CpuProfile", "layer_signature", "machine_key", "default_profile_path",
+           "time_in_rounds"]
 
 #: 2: timed in rounds over the whole network (1: back to back per layer); a file of
 #: another version is measured again
@@ -69,6 +71,23 @@ def rounds_for(round_s, repeats):
     if round_s > 0:
         n = max(n, int(MIN_MEASURE_S / round_s) + 1)
     return min(n, MAX_ROUNDS)
+
+
+def time_in_rounds(w, env, layers, repeats):
+    """{layer name: [seconds]}: ``layers`` (in network order, their inputs in ``env``) run
+    through the pool ``w`` once as a warm-up, then :func:`rounds_for` rounds of one timed
+    ``run_layer`` each, so every layer meets the caches a run of the network leaves it."""
+    t_warm = time.perf_counter()
+    for L in layers:
+        w.run_layer(env, L)
+    n_rounds = rounds_for(time.perf_counter() - t_warm, repeats)
+    ts = {L.name: [] for L in layers}
+    for _ in range(n_rounds):
+        for L in layers:
+            t0 = time.perf_counter()
+            w.run_layer(env, L)
+            ts[L.name].append(time.perf_counter() - t0)
+    return ts
 
 
 def default_profile_path():
@@ -176,20 +195,11 @@ class CpuProfile:
                     else:
                         times.setdefault(sigs[L.name], [])
                 if times:
-                    t_warm = time.perf_counter()
-                    for L in qg.layers:
-                        w.run_layer(env, L)     # warm
-                    n_rounds = rounds_for(time.perf_counter() - t_warm, repeats)
-                    # every layer runs in every round, timed or not, so each timed one
-                    # meets the caches a run of the network leaves it
-                    for _ in range(n_rounds):
-                        for L in qg.layers:
-                            t0 = time.perf_counter()
-                            w.run_layer(env, L)
-                            dt = time.perf_counter() - t0
-                            ts = times.get(sigs[L.name])
-                            if ts is not None:
-                                ts.append(dt)
+                    # every layer runs in every round, timed or not (only the signatures
+                    # to measure keep their runs)
+                    for name, ts in time_in_rounds(w, env, qg.layers, repeats).items():
+                        if sigs[name] in times:
+                            times[sigs[name]] += ts
                 first = {}
                 for L in qg.layers:
                     first.setdefault(sigs[L.name], L)

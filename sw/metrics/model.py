@@ -285,12 +285,12 @@ class MetricModel:
 
     def _local_ms(self, qg, workers):
         """{layer name: ms} at ``workers`` threads, measuring what the profile lacks."""
-        from ..cpu.profile import PASSES
+        from ..cpu.profile import PASSES, MIN_MEASURE_S
         res = self.profile().measure(qg, threads=(int(workers),), repeats=self.repeats)
         self._record("local.profile", str(self.profile().path),
-                     f"measured: CpuProfile ({self.profile().machine}), the median of "
-                     f"{PASSES} x {self.repeats} rounds over the network, each layer's "
-                     f"CpuWorkers.run_layer once per round")
+                     f"measured: CpuProfile ({self.profile().machine}), the median of at "
+                     f"least {PASSES} x {self.repeats} rounds over the network spanning "
+                     f"{MIN_MEASURE_S:g} s, each layer's CpuWorkers.run_layer once per round")
         return {n: v[int(workers)] for n, v in res.items()}
 
     def runtime_layer_s(self):
