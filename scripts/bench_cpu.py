@@ -12,7 +12,9 @@ dequantizing the outputs, like the QDQ model's. Every round times the four runs 
 back (each after an idle pause and an untimed warm-up call: onnxruntime's default pool
 spins for a while after a run and would steal the CPU from the next one); reported are
 median times and the median over rounds of the per-round ratios, so load swings on a
-shared machine hit both sides of a ratio alike. ``workers_ms_2t_profiled``: the pool at 2
+shared machine hit both sides of a ratio alike. ``workers_ms_2t_processes``: the same
+2-thread workers with a helper *process* instead of a second thread
+(``Options(pool="processes")``, sw/cpu/procpool.py), after its helper has prepared. ``workers_ms_2t_profiled``: the pool at 2
 threads guided by a CPU profile measured in the same run (``CpuWorkers(profile=...)``:
 layers that were no faster on 2 threads than on 1 are not split). ``machine_scaling`` times one exact
 uint8 GEMM on 1 thread and the same work twice on 2 threads, concurrently, in the same
@@ -171,6 +173,9 @@ def main(argv=None):
         prof.measure(q, threads=(1, 2), repeats=3, feed_q=q.quantize_inputs(feed))
         workers["2p"] = CpuWorkers(q, threads=2, options=Options(), profile=prof)
         unsplit = sum("note" in r for r in workers["2p"].engine_report().values())
+        # a helper process instead of a second thread (Options(pool="processes"))
+        workers["proc"] = CpuWorkers(q, threads=2, options=Options(pool="processes"))
+        procs_ready = workers["proc"].wait_ready()
 
         def run_workers(w):
             out = w.run(q.quantize_inputs(feed))
@@ -179,16 +184,20 @@ def main(argv=None):
 
         want = q.run_int(feed)
         got = workers[2].run(q.quantize_inputs(feed))
-        exact = all(np.array_equal(got[k], want[k]) for k in want)
+        got_p = workers["proc"].run(q.quantize_inputs(feed))
+        exact = all(np.array_equal(got[k], want[k]) and np.array_equal(got_p[k], want[k])
+                    for k in want)
+        proc_slices = workers["proc"].pool_report()["last_run"] or {}
         fns = {"workers_1t": lambda: run_workers(workers[1]),
                "workers_2t": lambda: run_workers(workers[2]),
                "workers_2t_profiled": lambda: run_workers(workers["2p"]),
+               "workers_2t_processes": lambda: run_workers(workers["proc"]),
                "ort_int8_1t": lambda: sess[1].run(None, feed),
                "ort_int8_2t": lambda: sess[2].run(None, feed)}
         for fn in fns.values():
             fn()
         ts = {k: [] for k in fns}
-        ratios, speedups = [], []
+        ratios, speedups, ratios_p, speedups_p = [], [], [], []
         for _ in range(args.repeat):
             for k, fn in fns.items():
                 time.sleep(args.pause)
@@ -198,6 +207,8 @@ def main(argv=None):
                 ts[k].append(time.perf_counter() - t0)
             ratios.append(ts["workers_2t"][-1] / ts["ort_int8_2t"][-1])
             speedups.append(ts["workers_1t"][-1] / ts["workers_2t"][-1])
+            ratios_p.append(ts["workers_2t_processes"][-1] / ts["ort_int8_2t"][-1])
+            speedups_p.append(ts["workers_1t"][-1] / ts["workers_2t_processes"][-1])
         med = {k: statistics.median(v) * 1e3 for k, v in ts.items()}
         best = {k: min(v) * 1e3 for k, v in ts.items()}
         rep = workers[2].engine_report()
@@ -220,6 +231,10 @@ def main(argv=None):
                    ratio_vs_ort_int8_2t_profiled=round(
                        med["workers_2t_profiled"] / med["ort_int8_2t"], 2),
                    layers_kept_whole_by_profile=unsplit,
+                   workers_ms_2t_processes=round(med["workers_2t_processes"], 3),
+                   speedup_2t_processes_vs_1t=round(statistics.median(speedups_p), 2),
+                   ratio_vs_ort_int8_2t_processes=round(statistics.median(ratios_p), 2),
+                   processes_ready=procs_ready, processes_slices=proc_slices,
                    best_ms={k: round(v, 3) for k, v in best.items()},
                    speedup_2t_vs_1t_best=round(best["workers_1t"] / best["workers_2t"], 2),
                    ratio_vs_ort_int8_2t_best=round(best["workers_2t"] / best["ort_int8_2t"], 2),
@@ -232,6 +247,8 @@ def main(argv=None):
               f" / {row['workers_ms_2t_profiled']:8.2f} ms"
               f"  ort int8 {row['ort_int8_ms_1t']:8.2f} / {row['ort_int8_ms_2t']:8.2f} ms"
               f"  speed-up {row['speedup_2t_vs_1t']:4.2f}  ratio(2t) {row['ratio_vs_ort_int8_2t']:4.2f}"
+              f"  processes {row['workers_ms_2t_processes']:8.2f} ms ({row['speedup_2t_processes_vs_1t']:4.2f}x,"
+              f" ratio {row['ratio_vs_ort_int8_2t_processes']:4.2f})"
               f"  {row['engine']}{'' if exact else '  NOT EXACT'}", flush=True)
     scaling_after = machine_scaling()
     heavy_rows = [r for r in results if r["conv_heavy"]]
@@ -244,6 +261,10 @@ def main(argv=None):
         conv_heavy_within_ratio=[r["model"] for r in heavy_rows if r["ratio_vs_ort_int8_2t"] <= 1.0],
         conv_heavy_over_ratio=[r["model"] for r in heavy_rows if r["ratio_vs_ort_int8_2t"] > 1.0],
         speedup_reached=[r["model"] for r in results if r["speedup_2t_vs_1t"] >= 1.7],
+        conv_heavy_within_ratio_processes=[r["model"] for r in heavy_rows
+                                           if r["ratio_vs_ort_int8_2t_processes"] <= 1.0],
+        speedup_reached_processes=[r["model"] for r in results
+                                   if r["speedup_2t_processes_vs_1t"] >= 1.7],
         all_bit_exact=all(r["bit_exact"] for r in results))
     print(f"machine 2-thread scaling of an exact GEMM: {scaling_before['scaling']} before, "
           f"{scaling_after['scaling']} after")

@@ -22,6 +22,10 @@ field                  environment variable    meaning
 ``workers``            ``DNNFAB_WORKERS``      threads of the CPU worker pool
                                                (:class:`~dnnfab.sw.cpu.workers.CpuWorkers`;
                                                default None: the CPU's cores)
+``pool``               ``DNNFAB_POOL``         how a whole-graph run of the workers uses its
+                                               threads: ``"threads"`` (one process) or
+                                               ``"processes"`` (``workers - 1`` helper
+                                               processes beside the caller; see procpool.py)
 =====================  ======================  =============================================
 
 Every setting gives bit-identical results; they change only speed.
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field, replace
 __all__ = ["Options", "GEMM_ENGINES"]
 
 GEMM_ENGINES = ("numpy", "ort", "auto")
+POOLS = ("threads", "processes")
 
 
 def _default_threads():
@@ -49,8 +54,11 @@ class Options:
     fast_plan: bool = True
     numba: bool = True
     workers: int | None = None
+    pool: str = "threads"
 
     def __post_init__(self):
+        if self.pool not in POOLS:
+            raise ValueError(f"pool must be 'threads' or 'processes', got {self.pool!r}")
         if self.gemm_engine not in GEMM_ENGINES:
             raise ValueError("engine must be 'numpy', 'ort' or 'auto'")
         if int(self.threads) < 1:
@@ -66,13 +74,16 @@ class Options:
     @classmethod
     def from_env(cls, environ=None) -> "Options":
         """The defaults, as the environment sets them (``DNNFAB_THREADS``,
-        ``DNNFAB_GEMM_ENGINE``, ``DNNFAB_FAST_PLAN``, ``DNNFAB_NUMBA``, ``DNNFAB_WORKERS``)."""
+        ``DNNFAB_GEMM_ENGINE``, ``DNNFAB_FAST_PLAN``, ``DNNFAB_NUMBA``, ``DNNFAB_WORKERS``,
+        ``DNNFAB_POOL``)."""
         env = os.environ if environ is None else environ
         kw = {}
         if env.get("DNNFAB_THREADS"):
             kw["threads"] = int(env["DNNFAB_THREADS"])
         if env.get("DNNFAB_WORKERS"):
             kw["workers"] = int(env["DNNFAB_WORKERS"])
+        if env.get("DNNFAB_POOL"):
+            kw["pool"] = env["DNNFAB_POOL"]
         return cls(gemm_engine=env.get("DNNFAB_GEMM_ENGINE", "auto"),
                    fast_plan=env.get("DNNFAB_FAST_PLAN", "1") != "0",
                    numba=env.get("DNNFAB_NUMBA", "1") != "0", **kw)

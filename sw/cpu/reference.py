@@ -657,6 +657,15 @@ class Env:
     def any(self, name):
         return self.v[name]
 
+    def layout(self, name):
+        """'cl' or 'lg': how ``name`` is stored now."""
+        return self.v[name][1]
+
+    def empty(self, shape, dtype):
+        """A new array for a layer's output (the CPU workers' process pool gives shared
+        memory here, see workers.py)."""
+        return np.empty(shape, dtype)
+
 
 def run_reference(qg, feed_q, observer=None, fast=None, options=None):
     """Run the integer network on int8 inputs ``feed_q`` {name: int8 logical array}.

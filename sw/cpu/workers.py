@@ -75,6 +75,10 @@ BAND_MIN_ROWS = 64
 #: at 2 threads: 1.08x / 1.38x / 1.22x over 1 thread with this rule, 1.02x / 1.35x / 1.23x
 #: handing off every task
 HANDOFF_MIN_WORK = 1 << 23
+#: the module settings that decide how layers are cut into slices (a helper process of
+#: Options(pool="processes") takes the caller's values)
+SLICING_CONSTANTS = ("SPLIT_MIN_MACS", "SPLIT_MIN_ELEMS", "BIG_MACS", "BAND_MIN_ROWS",
+                     "HANDOFF_MIN_WORK")
 
 
 class CpuTaskError(DnnfabError, RuntimeError):
@@ -300,7 +304,7 @@ class _GemmConvProg(_Prog):
     """Dense / grouped conv through im2col and a GEMM engine (ort-u8s8, ort-u8u8,
     blas-f32), sliced by output-row bands or output-channel ranges."""
 
-    def __init__(self, L, choice, shape_cl, threads):
+    def __init__(self, L, choice, shape_cl, threads, two_per_thread=True):
         super().__init__(L, choice)
         eng = choice.engine
         self.u8 = eng in ("ort-u8u8", "ort-u8s8")
@@ -339,7 +343,7 @@ class _GemmConvProg(_Prog):
                       cig * kh * kw * 128 * 128 + int(np.abs(bias).max(initial=0)))
         m = n_ * ho * wo
         macs = m * cig * kh * kw * cout
-        k = threads * (2 if macs >= BIG_MACS else 1)
+        k = threads * (2 if macs >= BIG_MACS and two_per_thread else 1)
         if macs < SPLIT_MIN_MACS or threads == 1:
             self.split, parts = "none", [(0, ho)]
         elif ho >= 2 and m >= BAND_MIN_ROWS * min(k, ho) and n_ == 1:
@@ -403,7 +407,7 @@ class _GemmConvProg(_Prog):
     def bind(self, env):
         L = self.L
         x = env.cl(L.input)
-        y = np.empty(self.oshape, np.int8)
+        y = env.empty(self.oshape, np.int8)
         n_, ho, wo, cout = self.oshape
         rq = self.rq
         tasks = []
@@ -450,7 +454,7 @@ class _FusedConvProg(_Prog):
     def bind(self, env):
         b, L = self.base, self.L
         x = env.cl(L.input)
-        y = np.empty(b.oshape, np.int8)
+        y = env.empty(b.oshape, np.int8)
         cout = b.oshape[3]
         rq = b.rq
         other = None if self.add is None else np.ascontiguousarray(env.cl(self.other))
@@ -480,6 +484,7 @@ class _Step:
 
     def __init__(self, L, inputs, output):
         self.name, self.op, self.inputs, self.output = L.name, L.op, list(inputs), output
+        self.L = L
 
 
 class _ShuffleProg(_Prog):
@@ -495,7 +500,7 @@ class _ShuffleProg(_Prog):
     def bind(self, env):
         x, lay = env.any(self.inp)
         axis = x.ndim - 1 if lay == "cl" else 1
-        y = np.empty(x.shape, np.int8)
+        y = env.empty(x.shape, np.int8)
 
         def task():
             np.take(x, self.src, axis=axis, out=y)
@@ -541,7 +546,7 @@ class _SmallGemmProg(_Prog):
         L = self.L
         if L.op == "conv":
             x = env.cl(L.input)
-            y = np.empty(self.oshape, np.int8)
+            y = env.empty(self.oshape, np.int8)
 
             def t():
                 _K.gemm_rq(self._cols(x), self.w, *self.rq, 0, self.cout, y.reshape(-1, self.cout))
@@ -549,7 +554,7 @@ class _SmallGemmProg(_Prog):
         x = env.lg(L.input)
         shp = x.shape
         x2 = np.ascontiguousarray(x).reshape(-1, shp[-1])
-        y = np.empty((x2.shape[0], self.cout), np.int8)
+        y = env.empty((x2.shape[0], self.cout), np.int8)
         return [[lambda: _K.gemm_rq(x2, self.w, *self.rq, 0, self.cout, y)]], \
             lambda: env.put(L.output, y.reshape(shp[:-1] + (self.cout,)), "lg")
 
@@ -585,7 +590,7 @@ class _F32ConvProg(_Prog):
     def bind(self, env):
         L = self.L
         x = env.cl(L.input)
-        y = np.empty(self.oshape, np.int8)
+        y = env.empty(self.oshape, np.int8)
         n_, ho, wo, cout = self.oshape
         tasks = []
         for (oy0, oy1), (a, b), eng in zip(self.parts, self.bands, self.engines):
@@ -626,7 +631,7 @@ class _DwProg(_Prog):
 
     def bind(self, env):
         x = env.cl(self.L.input)
-        y = np.empty(self.oshape, np.int8)
+        y = env.empty(self.oshape, np.int8)
         tasks = [lambda a=a, b=b: _K.dwconv_rows(x, self.w, *self.args, a, b, y)
                  for a, b in self.parts]
         return [tasks], lambda: env.put(self.L.output, y, "cl")
@@ -659,7 +664,7 @@ class _Dw1x1Prog(_Prog):
         if L.stride != (1, 1):
             x = x[:, ::L.stride[0], ::L.stride[1]][:, :ho, :wo]
         x2 = np.ascontiguousarray(x).reshape(-1, cout)
-        y = np.empty(self.oshape, np.int8)
+        y = env.empty(self.oshape, np.int8)
         y2 = y.reshape(-1, cout)
         tasks = [lambda a=a, b=b: _K.lut_per_channel(x2, self.table, a, b, y2)
                  for a, b in self.parts]
@@ -713,7 +718,7 @@ class _PoolProg(_Prog):
 
     def bind(self, env):
         x = env.cl(self.L.input)
-        y = np.empty(self.oshape, np.int8)
+        y = env.empty(self.oshape, np.int8)
         if self.L.op == "maxpool":
             tasks = [lambda a=a, b=b: self._max_band(x, a, b, y) for a, b in self.parts]
         else:
@@ -739,13 +744,13 @@ class _AddProg(_Prog):
 
     def bind(self, env):
         a, b = self.L.inputs
-        lays = (env.v[a][1], env.v[b][1])
+        lays = (env.layout(a), env.layout(b))
         if self.rank in (3, 4) and "cl" in lays:
             x0, x1, lay = env.cl(a), env.cl(b), "cl"
         else:
             x0, x1, lay = env.lg(a), env.lg(b), "lg"
         x0, x1 = np.ascontiguousarray(x0), np.ascontiguousarray(x1)
-        y = np.empty(x0.shape, np.int8)
+        y = env.empty(x0.shape, np.int8)
         f0, f1, fy = x0.reshape(-1), x1.reshape(-1), y.reshape(-1)
         tasks = [lambda i0=i0, i1=i1: _K.lut2_range(f0, f1, self.table, i0, i1, fy)
                  for i0, i1 in self.parts]
@@ -794,11 +799,11 @@ class _ConcatProg(_Prog):
             xs, lay = [env.lg(t) for t in L.inputs], "lg"
             axis = L.axis % xs[0].ndim
         if L.op == "rescale":
-            y = np.empty(xs[0].shape, np.int8)
+            y = env.empty(xs[0].shape, np.int8)
             return [[lambda: self._lut(xs[0], self.tables[0], y)]], lambda: env.put(L.output, y, lay)
         shape = list(xs[0].shape)
         shape[axis] = sum(x.shape[axis] for x in xs)
-        y = np.empty(shape, np.int8)
+        y = env.empty(shape, np.int8)
         tasks, c0 = [], 0
         for x, tb in zip(xs, self.tables):
             c1 = c0 + x.shape[axis]
@@ -815,7 +820,7 @@ class _GemmProg(_Prog):
     """Fully connected layer: a GEMM engine on ranges of output channels (rows at batch 1
     are few); x [.., K] in the logical layout."""
 
-    def __init__(self, L, choice, in_shape, threads):
+    def __init__(self, L, choice, in_shape, threads, two_per_thread=True):
         super().__init__(L, choice)
         nout, k = L.qweight.shape
         self.u8 = choice.engine in ("ort-u8u8", "ort-u8s8")
@@ -832,7 +837,7 @@ class _GemmProg(_Prog):
         if macs < SPLIT_MIN_MACS or threads == 1 or nout < 2 * threads:
             self.parts = [(0, nout)]
         else:
-            self.parts = _split(nout, threads * (2 if macs >= BIG_MACS else 1))
+            self.parts = _split(nout, threads * (2 if macs >= BIG_MACS and two_per_thread else 1))
         self.slices = len(self.parts)
         self.split = "channels" if self.slices > 1 else "none"
         self.engines = []
@@ -850,7 +855,7 @@ class _GemmProg(_Prog):
         nout = L.qweight.shape[0]
         x2 = np.ascontiguousarray(x).reshape(-1, shp[-1])
         a = x2.view(np.uint8) ^ np.uint8(0x80) if self.u8 else x2.astype(np.float32)
-        y = np.empty((x2.shape[0], nout), np.int8)
+        y = env.empty((x2.shape[0], nout), np.int8)
         tasks = []
         for (c0, c1), eng in zip(self.parts, self.engines):
             def t(c0=c0, c1=c1, eng=eng):
@@ -876,7 +881,7 @@ class _LrnProg(_Prog):
         L = self.L
         z, lo_w, hi_w, table, zy = self.params
         x2 = env.cl(L.inputs[0]).reshape(-1, self.shape_cl[-1])
-        y = np.empty(self.shape_cl, np.int8)
+        y = env.empty(self.shape_cl, np.int8)
         y2 = y.reshape(x2.shape)
         tasks = [lambda a=a, b=b: _K.lrn_rows(x2, z, lo_w, hi_w, table, zy, a, b, y2)
                  for a, b in self.parts]
@@ -887,7 +892,7 @@ class _LutProg(_Prog):
     def bind(self, env):
         x, lay = env.any(self.L.input)
         xc = np.ascontiguousarray(x)
-        y = np.empty(xc.shape, np.int8)
+        y = env.empty(xc.shape, np.int8)
         return [[lambda: _K.lut1_range(xc.reshape(-1), self.L.table, 0, xc.size, y.reshape(-1))]], \
             lambda: env.put(self.L.output, y, lay)
 
@@ -1191,6 +1196,22 @@ def _add_after(qg, L, out, cons, outputs, pos, producers):
 
 
 # ====================================================================== public class
+def _shutdown(pool, procpool):
+    if procpool is not None:
+        procpool.shutdown()
+    pool.shutdown()
+
+
+#: a step of a whole-graph run goes to a helper process (Options(pool="processes")) if its
+#: work per slice is at least this; measured on squeezenet / resnet50 / inception_v1 (2^21,
+#: 2^23, 2^25): smaller slices cost more in coordination (~0.1 ms per layer) than they save
+PROC_HANDOFF_MIN_WORK = 1 << 23
+#: the module settings that decide how layers are cut into slices (a helper process of
+#: Options(pool="processes") takes the caller's values)
+SLICING_CONSTANTS = ("SPLIT_MIN_MACS", "SPLIT_MIN_ELEMS", "BIG_MACS", "BAND_MIN_ROWS",
+                     "HANDOFF_MIN_WORK")
+
+
 class CpuWorkers:
     """The worker pool bound to one QuantizedGraph ``qg`` (see the module docstring).
 
@@ -1208,7 +1229,7 @@ class CpuWorkers:
     """
 
     def __init__(self, qg, threads=None, options=None, features=None, profile=None,
-                 share_pool=None):
+                 share_pool=None, _prepared=None, _fail_step=None):
         if options is None:
             options = Options.from_env()
         if threads is None:
@@ -1225,19 +1246,36 @@ class CpuWorkers:
         self._pos = {id(L): i for i, L in enumerate(qg.layers)}
         self._progs = {}
         self._notes = {}
+        self._prepared = {}     # layer name -> the thread count its slices were cut for
+        # helper processes share no interpreter lock: one slice per thread is enough (two
+        # per thread hedge against a preempted thread; measured slower with processes)
+        self._two = options.pool != "processes"
+        self._procpool = None
         for L in qg.layers:
+            if _prepared is not None:   # a helper process: the caller's preparation
+                p = self._prepare(L, _prepared[L.name])
+                p.big = _work(qg, L) / p.slices >= HANDOFF_MIN_WORK
+                self._prepared[L.name] = _prepared[L.name]
+                self._progs[id(L)] = p
+                continue
             p = self._prepare(L, self.threads)
+            self._prepared[L.name] = self.threads
             if profile is not None and self.threads > 1 and p.slices > 1:
                 sig = layer_signature(qg, L, p.choice.engine)
                 t1, tn = profile.latency_ms(sig, 1), profile.latency_ms(sig, self.threads)
                 if t1 is not None and tn is not None and tn >= t1:
                     p = self._prepare(L, 1)
+                    self._prepared[L.name] = 1
                     self._notes[L.name] = (f"not split: the profile measured {tn:.3f} ms at "
                                            f"{self.threads} threads, {t1:.3f} ms at 1")
             p.big = _work(qg, L) / p.slices >= HANDOFF_MIN_WORK
             self._progs[id(L)] = p
         self._steps, self._step_progs, self._fused_into = self._fuse()
         self._shuffles = self._shuffle_chains()
+        if _prepared is not None:       # a helper process runs slices, it has no pool
+            self._pool = None
+            self._finalizer = weakref.finalize(self, lambda: None)
+            return
         if share_pool is not None:
             if share_pool.threads != self.threads:
                 raise DnnfabError(f"share_pool has {share_pool.threads} threads, this "
@@ -1248,7 +1286,15 @@ class CpuWorkers:
             self._finalizer = weakref.finalize(self, lambda: None)
         else:
             self._pool = _Pool(self.threads)
-            self._finalizer = weakref.finalize(self, self._pool.shutdown)
+            if options.pool == "processes" and self.threads > 1:
+                from .procpool import ProcPool
+                try:
+                    self._procpool = ProcPool(self, self.threads - 1, _fail_step)
+                except (OSError, ValueError) as exc:   # no shared memory, no subprocess
+                    self._pool_note = (f"helper processes not started ({type(exc).__name__}: "
+                                       f"{exc}); run() uses threads")
+            self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._procpool)
+            self._remote = [self._shareable(s) for s in self._steps]
 
     # ------------------------------------------------------------------ preparation
     def _prepare(self, L, t):
@@ -1271,13 +1317,13 @@ class CpuWorkers:
             if e == "ort-f32-conv":
                 return _F32ConvProg(L, choice, shape_cl, t)
             if e in ("ort-u8s8", "ort-u8u8") or (e == "blas-f32" and L.groups == 1):
-                return _GemmConvProg(L, choice, shape_cl, t)
+                return _GemmConvProg(L, choice, shape_cl, t, self._two)
             if e == "blas-f32":
                 cout, cig = L.qweight.shape[:2]
                 if not (cig == 1 and cout == L.groups):
-                    return _GemmConvProg(L, choice, shape_cl, t)
+                    return _GemmConvProg(L, choice, shape_cl, t, self._two)
         if L.op == "gemm" and e in ("ort-u8s8", "ort-u8u8", "blas-f32"):
-            return _GemmProg(L, choice, in_shape, t)
+            return _GemmProg(L, choice, in_shape, t, self._two)
         if e in ("numba-pool", "numpy-max"):
             return _PoolProg(L, choice, _shape_cl(in_shape), t)
         if e == "numba-lut" and L.op == "add" and \
@@ -1360,6 +1406,39 @@ class CpuWorkers:
             steps.append(step)
         return steps, progs, fused_into
 
+    def _shareable(self, step):
+        """Whether a step's slices may run in a helper process: programs that read the
+        environment only while binding (not the reference's run_layer), big enough."""
+        p = self._step_progs[id(step)]
+        if isinstance(p, _RefProg):
+            return False
+        L = step.L if isinstance(step, _Step) else step
+        return _work(self.qg, L) / max(1, p.slices) >= PROC_HANDOFF_MIN_WORK
+
+    def _helper_stop(self):
+        """(helper process) release the engines."""
+        self._progs.clear()
+        self._step_progs.clear()
+
+    def wait_ready(self, timeout=120.0):
+        """With ``Options(pool="processes")``: block until the helper processes have
+        prepared (runs before that use the caller and the threads); True when they all
+        are. Without helper processes: True."""
+        if self._procpool is None:
+            return True
+        return self._procpool.wait_ready(timeout)
+
+    def pool_report(self):
+        """{kind: 'threads' | 'processes', threads, helpers: live helper processes, note,
+        last_run: {caller_slices, helper_slices} or None}: how :meth:`run` spreads its
+        work."""
+        pp = self._procpool
+        live = len(pp.live()) if pp is not None else 0
+        note = getattr(self, "_pool_note", None) or (pp.note if pp is not None else None)
+        return {"kind": "processes" if pp is not None else "threads",
+                "threads": self.threads, "helpers": live, "note": note,
+                "last_run": pp.last_run if pp is not None else None}
+
     # ------------------------------------------------------------------ running
     def _check_open(self):
         if self._closed:
@@ -1424,6 +1503,17 @@ class CpuWorkers:
             env.put(t.name, x, "lg")
         self._check_open()
         with self._lock:
+            pp = self._procpool
+            if pp is not None and pp.live():
+                from .procpool import ArenaEnv, ProcRun
+                pp.arena.reset()
+                aenv = ArenaEnv(self.qg, pp.arena)
+                for name, (x, lay) in env.v.items():
+                    aenv.put(name, x, lay)
+                ProcRun(self, pp, aenv, self._steps,
+                        [self._step_progs[id(s)] for s in self._steps], self._remote).run()
+                # the arena is rewritten by the next run: the outputs are copies
+                return {t.name: np.array(aenv.lg(t.name)) for t in self.qg.outputs}
             if self.threads == 1:
                 _run_inline(self._step_progs, env, self._steps)
             else:

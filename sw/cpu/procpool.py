@@ -1,0 +1,694 @@
+"""Helper *processes* for the CPU workers' whole-graph runs (``Options(pool="processes")``).
+
+Why processes. Threads in one CPython process share one interpreter lock: a task of the
+workers is a few native calls (im2col copies, an onnxruntime GEMM, a numba requantize)
+glued by Python, and every return from a native call needs the lock back. With VNNI GEMMs
+a squeezenet conv slice is 50-300 us, its glue 20-40 us: two threads then spend their time
+handing the lock to each other (each hand-off can wake a halted vCPU), and measured here
+two threads ran squeezenet / resnet50 *slower* than one (docs/cpu.md, section 2). A helper
+process has its own interpreter, so its Python glue runs truly beside the caller's.
+
+How. Each of the ``threads - 1`` helpers is a fresh interpreter
+(``python -m dnnfab.sw.cpu.procpool``, no re-import of the user's ``__main__``) that
+prepares the same layers as the caller's :class:`~dnnfab.sw.cpu.workers.CpuWorkers` (same
+engines, same slices). Tensors of a run live in one shared-memory arena: the caller's
+environment (:class:`ArenaEnv`) allocates every layer output and layout conversion there.
+When the caller binds a layer whose slices may go to a helper, it records what the
+binding read from the environment (:class:`_RecEnv`: arena offsets, shapes, layouts); the
+helper replays that record (:class:`_ReplayEnv`) to build the very same slice tasks over
+the very same memory and runs the slices it is sent. Messages go over a socket pair as
+small pickles; both sides poll it without sleeping while a run is on (a helper sleeps
+after :data:`SPIN_S` without work). Only the caller schedules: a slice's completion message
+is what makes its consumers ready, so every read of shared memory follows the write it
+depends on.
+
+Failure. A task that raises in a helper comes back as a message and fails the run with the
+layer named, as a thread's would. A helper that dies (killed, crashed) is noticed at the
+next message: its in-flight slices are run again in the caller (slices are idempotent:
+they only write their own part of an output) and the pool carries on without it
+(``CpuWorkers.pool_report``). Anything that cannot be shared (arena full, an array the
+environment did not allocate) makes that layer run in the caller.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import os
+import pickle
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from ...errors import DnnfabError
+from . import reference as R
+
+__all__ = ["ArenaEnv", "ProcPool", "SPIN_S"]
+
+#: a helper polls for work this long after its last message before it sleeps
+SPIN_S = 0.005
+#: slices queued at a helper at once (one running, one waiting: hides the message latency)
+HELPER_QUEUE = 2
+_ALIGN = 64
+
+
+# ====================================================================== shared arena
+class _Arena:
+    """A shared-memory block with a bump allocator, reset at every run. Allocation happens
+    in the caller only; a helper maps the same block and decodes views by offset."""
+
+    def __init__(self, size, name=None):
+        from multiprocessing import shared_memory
+        self.size = int(size)
+        if name is None:
+            self.shm = shared_memory.SharedMemory(create=True, size=self.size)
+            self.owner = True
+        else:
+            self.shm = shared_memory.SharedMemory(name=name)
+            self.owner = False
+            if sys.version_info < (3, 13):    # the caller owns (and unlinks) the block
+                try:
+                    from multiprocessing import resource_tracker
+                    resource_tracker.unregister(self.shm._name, "shared_memory")
+                except Exception:  # noqa: BLE001 - tracker internals differ by version
+                    pass
+        self.name = self.shm.name
+        self.buf = np.frombuffer(self.shm.buf, np.uint8)
+        self.base = self.buf.__array_interface__["data"][0]
+        self.top = 0
+        self._codes = {}        # id(array) -> (array, code) of this run's allocations
+
+    def reset(self):
+        self.top = 0
+        self._codes.clear()
+
+    def alloc(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        n = math.prod(shape) * dtype.itemsize
+        start = (self.top + _ALIGN - 1) // _ALIGN * _ALIGN
+        if start + n > self.size:
+            return None
+        self.top = start + n
+        a = np.ndarray(shape, dtype, buffer=self.shm.buf, offset=start)
+        self._codes[id(a)] = (a, (start, a.shape, a.strides, dtype.str))
+        return a
+
+    def encode(self, arr):
+        """(offset, shape, strides, dtype) of an array that lies in the arena, else None."""
+        hit = self._codes.get(id(arr))
+        if hit is not None and hit[0] is arr:
+            return hit[1]
+        if not isinstance(arr, np.ndarray):
+            return None
+        addr = arr.__array_interface__["data"][0]
+        off = addr - self.base
+        if arr.size == 0:
+            return None
+        lo = hi = 0
+        for n, st in zip(arr.shape, arr.strides):
+            if st < 0:
+                lo += (n - 1) * st
+            else:
+                hi += (n - 1) * st
+        if off + lo < 0 or off + hi + arr.itemsize > self.size:
+            return None
+        return (off, arr.shape, arr.strides, arr.dtype.str)
+
+    def decode(self, code):
+        off, shape, strides, dt = code
+        return np.ndarray(shape, np.dtype(dt), buffer=self.shm.buf, offset=off, strides=strides)
+
+    def close(self):
+        self.buf = None
+        self._codes.clear()
+        try:
+            self.shm.close()
+        except BufferError:        # a view still exported (a caller kept an output)
+            pass
+        if self.owner:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+class ArenaEnv(R.Env):
+    """The caller's environment of a process-pool run: outputs, layout conversions and
+    copies of foreign arrays (inputs, reference-layer outputs) in the shared arena (a
+    private array when the arena is full: the layers reading it then stay in the caller)."""
+
+    def __init__(self, graph, arena):
+        super().__init__(graph)
+        self.arena = arena
+
+    def empty(self, shape, dtype):
+        a = self.arena.alloc(shape, dtype)
+        return np.empty(shape, dtype) if a is None else a
+
+    def put(self, name, arr, layout):
+        arr = np.asarray(arr)
+        if arr.size and self.arena.encode(arr) is None:
+            a = self.arena.alloc(arr.shape, arr.dtype)
+            if a is not None:
+                a[...] = arr
+                arr = a
+        self.v[name] = (arr, layout)
+
+    def cl(self, name):
+        arr, lay = self.v[name]
+        if lay == "cl" or arr.ndim not in (3, 4):
+            return arr
+        src = R.to_cl(arr)
+        y = self.empty(src.shape, arr.dtype)
+        y[...] = src
+        self.v[name] = (y, "cl")
+        return y
+
+    def lg(self, name):
+        arr, lay = self.v[name]
+        if lay == "lg":
+            return arr
+        y = self.empty(R.from_cl(arr, self.rank(name)).shape, arr.dtype)
+        y[...] = R.from_cl(arr, self.rank(name))
+        return y
+
+
+class _RecEnv:
+    """Wraps the caller's :class:`ArenaEnv` while a layer binds and records every answer as
+    arena codes; ``ok`` turns False if an answer is not in the arena."""
+
+    def __init__(self, env):
+        self.env, self.rec, self.ok = env, [], True
+        self.g, self.v = env.g, env.v
+
+    def _code(self, arr):
+        c = self.env.arena.encode(arr)
+        if c is None:
+            self.ok = False
+        return c
+
+    def cl(self, name):
+        a = self.env.cl(name)
+        self.rec.append(("a", self._code(a)))
+        return a
+
+    def lg(self, name):
+        a = self.env.lg(name)
+        self.rec.append(("a", self._code(a)))
+        return a
+
+    def any(self, name):
+        a, lay = self.env.any(name)
+        self.rec.append(("t", self._code(a), lay))
+        return a, lay
+
+    def layout(self, name):
+        lay = self.env.layout(name)
+        self.rec.append(("s", lay))
+        return lay
+
+    def empty(self, shape, dtype):
+        a = self.env.empty(shape, dtype)
+        self.rec.append(("a", self._code(a)))
+        return a
+
+    def rank(self, name):
+        return self.env.rank(name)
+
+    def put(self, name, arr, layout):
+        self.env.put(name, arr, layout)
+
+
+class _ReplayEnv:
+    """A helper's environment for one binding: the caller's recorded answers, in order."""
+
+    def __init__(self, graph, arena, rec):
+        self.g, self.arena, self.rec, self.i = graph, arena, rec, 0
+
+    def _next(self, kind):
+        r = self.rec[self.i]
+        self.i += 1
+        if r[0] != kind:
+            raise DnnfabError(f"process pool: the helper's binding asked for {kind!r} where "
+                              f"the caller's gave {r[0]!r}; the two preparations differ")
+        return r
+
+    def cl(self, name):
+        return self.arena.decode(self._next("a")[1])
+
+    lg = cl
+
+    def empty(self, shape, dtype):
+        return self.arena.decode(self._next("a")[1])
+
+    def any(self, name):
+        r = self._next("t")
+        return self.arena.decode(r[1]), r[2]
+
+    def layout(self, name):
+        return self._next("s")[1]
+
+    def rank(self, name):
+        return len(self.g.shape(name))
+
+    def put(self, name, arr, layout):
+        pass
+
+
+def arena_bytes(qg):
+    """Enough arena for one whole-graph run: every tensor twice (both layouts; 8 bytes per
+    element for tensors that are not int8 codes), aligned."""
+    n = 0
+    names = [t.name for t in qg.inputs] + [L.output for L in qg.layers]
+    for t in names:
+        try:
+            elems = int(np.prod(qg.shape(t), dtype=np.int64))
+        except Exception:  # noqa: BLE001 - a tensor without a shape: room for 1 MiB
+            elems = 1 << 20
+        size = elems * (1 if t in qg.qtensors else 8)
+        n += 2 * (size + _ALIGN)
+    return n + (1 << 20)
+
+
+# ====================================================================== messages
+class _Chan:
+    """A :class:`multiprocessing.connection.Connection` with a cheap readiness test (one
+    ``poll`` object, ~1 us; ``Connection.poll`` builds a selector per call, ~10 us)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self._p = select.poll()
+        self._p.register(conn.fileno(), select.POLLIN)
+
+    def ready(self, timeout=0.0):
+        """Whether a message (or EOF) waits; ``timeout`` seconds, None: forever."""
+        return bool(self._p.poll(None if timeout is None else timeout * 1000.0))
+
+    def send(self, obj):
+        self.conn.send(obj)
+
+    def recv(self):
+        return self.conn.recv()
+
+    def send_bytes(self, b):
+        self.conn.send_bytes(b)
+
+    def recv_bytes(self):
+        return self.conn.recv_bytes()
+
+    def close(self):
+        self.conn.close()
+
+
+# ====================================================================== helper process
+def _helper_main(fd):
+    """Entry of a helper process: receive the preparation, then serve slices."""
+    conn = _Chan(Connection(fd))
+    try:
+        payload = pickle.loads(conn.recv_bytes())
+    except EOFError:
+        return
+    from . import workers as W
+    try:
+        for k, v in payload["consts"].items():      # the caller's slicing thresholds
+            setattr(W, k, v)
+        w = W.CpuWorkers(payload["qg"], threads=payload["threads"], options=payload["options"],
+                         features=payload["features"], _prepared=payload["prepared"])
+        arena = _Arena(payload["arena_size"], name=payload["arena_name"])
+        steps = w._steps
+        progs = [w._step_progs[id(s)] for s in steps]
+        if step_layout(w) != payload["layout"]:
+            raise DnnfabError("its steps and slices differ from the caller's")
+        fail = payload.get("fail_step")
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, which goes on alone
+        conn.send(("fail", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", os.getpid()))
+    bound = {}
+    last = time.perf_counter()
+    while True:
+        if not conn.ready(0):
+            if time.perf_counter() - last < SPIN_S:
+                continue
+            if not conn.ready(None):
+                continue
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        last = time.perf_counter()
+        kind = msg[0]
+        if kind == "quit":
+            break
+        if kind == "run":               # a new run: bindings of the last one are stale
+            bound.clear()
+            continue
+        _, i, j, rec = msg
+        err = None
+        t0 = time.perf_counter()
+        try:
+            if rec is not None:
+                stages, _ = progs[i].bind(_ReplayEnv(w.qg, arena, rec))
+                bound[i] = stages[0]
+            if i == fail:
+                raise RuntimeError("fault injected in a helper process (test)")
+            bound[i][j]()
+        except Exception as exc:  # noqa: BLE001 - the caller names the layer
+            err = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        conn.send(("done", i, j, err, t0, time.perf_counter()))
+        last = time.perf_counter()
+    w._helper_stop()
+    arena.close()
+
+
+def _portable(qg):
+    """``qg`` for pickling: layers without their per-process caches (onnxruntime sessions
+    of the reference's plan)."""
+    import copy
+    q2 = copy.copy(qg)
+    layers = []
+    for L in qg.layers:
+        if getattr(L, "cache", None):
+            L = copy.copy(L)
+            L.cache = {}
+        layers.append(L)
+    q2.layers = layers
+    return q2
+
+
+def step_layout(w):
+    """[(program class, slice ranges)] of a CpuWorkers' whole-graph steps: a helper checks
+    that its preparation cut every step as the caller's did."""
+    out = []
+    for st in w._steps:
+        p = w._step_progs[id(st)]
+        out.append((type(p).__name__, p.slices, [tuple(x) for x in getattr(p, "parts", ())]))
+    return out
+
+
+class _Helper:
+    def __init__(self, proc, conn):
+        self.proc, self.conn = proc, conn
+        self.ready = False
+        self.dead = False
+        self.inflight = []          # [(step, slice)] in send order
+        self.bound = set()          # steps whose binding this helper has this run
+
+
+class ProcPool:
+    """``n`` helper processes serving one :class:`CpuWorkers`' whole-graph runs (see the
+    module docstring). Started at construction; the caller's runs use the helpers that
+    have reported ready (:meth:`wait_ready` blocks for them)."""
+
+    def __init__(self, workers, n, _fail_step=None):
+        from . import workers as W
+        self.qg = workers.qg
+        self.arena = _Arena(arena_bytes(workers.qg))
+        self.helpers = []
+        self.note = None
+        payload = dict(qg=_portable(workers.qg), threads=workers.threads, options=workers.options,
+                       features=workers.features, prepared=workers._prepared,
+                       arena_name=self.arena.name, arena_size=self.arena.size,
+                       consts={k: getattr(W, k) for k in W.SLICING_CONSTANTS},
+                       layout=step_layout(workers), fail_step=_fail_step)
+        self.last_run = None        # {'caller_slices', 'helper_slices'} of the last run
+        for _ in range(n):
+            a, b = socket.socketpair()
+            env = dict(os.environ)
+            proc = subprocess.Popen([sys.executable, "-c",
+                                     "import sys; from dnnfab.sw.cpu.procpool import "
+                                     "_helper_main; _helper_main(int(sys.argv[1]))",
+                                     str(b.fileno())],
+                                    pass_fds=[b.fileno()], stdin=subprocess.DEVNULL, env=env)
+            b.close()
+            self.helpers.append(_Helper(proc, _Chan(Connection(a.detach()))))
+        # pickling a big graph takes a while: send it from a thread, the caller goes on
+        self._sender = threading.Thread(target=self._send_payload, args=(payload,),
+                                        name="dnnfab-procpool-start", daemon=True)
+        self._sender.start()
+
+    def _send_payload(self, payload):
+        try:
+            data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001
+            self.note = f"helpers not started: the graph does not pickle ({exc})"
+            for h in self.helpers:
+                h.dead = True
+            return
+        for h in self.helpers:
+            try:
+                h.conn.send_bytes(data)
+            except (OSError, ValueError):     # closed meanwhile (shut down before ready)
+                h.dead = True
+
+    def _check_ready(self, h, timeout=0.0):
+        if h.ready or h.dead:
+            return
+        try:
+            if h.conn.ready(timeout):
+                msg = h.conn.recv()
+                if msg[0] == "ready":
+                    h.ready = True
+                else:
+                    self._lose(h, f"helper failed to prepare: {msg[1]}")
+        except (EOFError, OSError):
+            self._lose(h, "helper exited while preparing")
+
+    def wait_ready(self, timeout=120.0):
+        """Block until every helper has prepared (or died); True if all are ready."""
+        end = time.monotonic() + timeout
+        for h in self.helpers:
+            while not (h.ready or h.dead) and time.monotonic() < end:
+                self._check_ready(h, 0.05)
+        return all(h.ready for h in self.helpers)
+
+    def live(self):
+        for h in self.helpers:
+            self._check_ready(h)
+        return [h for h in self.helpers if h.ready and not h.dead]
+
+    def _lose(self, h, why):
+        h.dead = True
+        rc = h.proc.poll()
+        self.note = (f"helper process {h.proc.pid} exited (code {rc}): {why}" if rc is not None
+                     else f"helper process {h.proc.pid} dropped: {why}")
+        try:
+            h.conn.close()
+        except OSError:
+            pass
+        if h.proc.poll() is None:
+            h.proc.kill()
+
+    def shutdown(self):
+        for h in self.helpers:
+            if not h.ready and h.proc.poll() is None:   # still preparing: nothing to lose
+                h.proc.kill()
+            elif not h.dead:
+                try:
+                    h.conn.send(("quit",))
+                except OSError:
+                    pass
+        for h in self.helpers:
+            try:
+                h.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                h.proc.kill()
+                h.proc.wait()
+            try:
+                h.conn.close()
+            except OSError:
+                pass
+            h.dead = True
+        self.helpers = []
+        self.arena.close()
+
+
+class ProcRun:
+    """One whole-graph run: the caller schedules every step, runs slices itself and sends
+    the shareable ones of big layers to the ready helpers."""
+
+    def __init__(self, workers, pool, env, steps, progs, remote_ok):
+        self.w, self.pool, self.env = workers, pool, env
+        self.steps, self.progs = steps, progs
+        self.index = {id(s): i for i, s in enumerate(steps)}
+        self.remote_ok = remote_ok               # step index -> bool
+        produced = {S.output: S for S in steps}
+        self.pending, self.consumers = {}, {}
+        for S in steps:
+            deps = {produced[t].output for t in S.inputs if t in produced and produced[t] is not S}
+            self.pending[id(S)] = len(deps)
+            for t in deps:
+                self.consumers.setdefault(t, []).append(S)
+        self.remaining = len(steps)
+        self.ready = []                          # heap of (prio, seq, step, slice)
+        self.seq = itertools.count()
+        self.bound = {}                          # step -> [tasks, finish, left, rec]
+        self.error = None
+        self.helpers = pool.live()
+        self.trace = None      # [(where, step, slice, start, end)] when a list is given
+        self.sent = self.here = 0
+
+    # -------------------------------------------------------------- steps
+    def _start(self, S):
+        i = self.index[id(S)]
+        prog = self.progs[i]
+        remote = self.helpers and self.remote_ok[i]
+        env = _RecEnv(self.env) if remote else self.env
+        try:
+            stages, finish = prog.bind(env)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(S, exc)
+            return
+        if len(stages) != 1:        # a multi-stage program: all of it here, in order
+            def whole(stages=stages):
+                for tasks in stages:
+                    for fn in tasks:
+                        fn()
+            tasks, remote = [whole], False
+        else:
+            tasks = stages[0]
+        rec = env.rec if remote and env.ok else None
+        self.bound[i] = [tasks, finish, len(tasks), rec]
+        prio = self.w._pos[id(S)]
+        for j in range(len(tasks)):
+            heapq.heappush(self.ready, (prio, next(self.seq), i, j))
+
+    def _slice_done(self, i):
+        b = self.bound[i]
+        b[2] -= 1
+        if b[2] or self.error is not None:
+            return
+        S = self.steps[i]
+        try:
+            if b[1] is not None:
+                b[1]()
+        except Exception as exc:  # noqa: BLE001
+            self._fail(S, exc)
+            return
+        self.remaining -= 1
+        for c in self.consumers.get(S.output, ()):
+            self.pending[id(c)] -= 1
+            if self.pending[id(c)] == 0:
+                self._start(c)
+
+    def _fail(self, S, exc):
+        if self.error is None:
+            self.error = (S, exc)
+
+    # -------------------------------------------------------------- helpers
+    def _send(self, h, i, j):
+        rec = None
+        if i not in h.bound:
+            rec = self.bound[i][3]
+            h.bound.add(i)
+        try:
+            h.conn.send(("slice", i, j, rec))
+        except OSError:
+            self._lost(h, "helper's connection closed")
+            self._local(i, j)
+            return
+        h.inflight.append((i, j))
+        self.sent += 1
+
+    def _lost(self, h, why):
+        """A helper died: its slices run again here; the pool goes on without it."""
+        redo = list(h.inflight)
+        h.inflight.clear()
+        self.pool._lose(h, f"{why}; its slices ran in the caller")
+        self.helpers = [x for x in self.helpers if x is not h]
+        for i, j in redo:
+            heapq.heappush(self.ready, (-1, next(self.seq), i, j))   # first: others wait on it
+            self.bound[i][3] = None
+
+    def _poll(self, wait=False):
+        """Take the helpers' completion messages (without blocking unless ``wait``)."""
+        got = False
+        for h in list(self.helpers):
+            while h.inflight:
+                try:
+                    if not h.conn.ready(0):
+                        break
+                    msg = h.conn.recv()
+                except (EOFError, OSError):
+                    self._lost(h, "helper process exited")
+                    break
+                _, i, j, err, t0, t1 = msg
+                if self.trace is not None:
+                    self.trace.append(("helper", i, j, t0, t1))
+                h.inflight.remove((i, j))
+                got = True
+                if err is not None:
+                    self._fail(self.steps[i], RuntimeError(f"in a helper process: {err}"))
+                self._slice_done(i)
+        if wait and not got:
+            for h in list(self.helpers):
+                if h.inflight and h.proc.poll() is not None and not h.conn.ready(0):
+                    self._lost(h, f"helper process exited with code {h.proc.returncode}")
+        return got
+
+    def _local(self, i, j):
+        S = self.steps[i]
+        self.here += 1
+        if self.error is None:
+            try:
+                t0 = time.perf_counter()
+                self.bound[i][0][j]()
+                if self.trace is not None:
+                    self.trace.append(("caller", i, j, t0, time.perf_counter()))
+            except Exception as exc:  # noqa: BLE001
+                self._fail(S, exc)
+        self._slice_done(i)
+
+    # -------------------------------------------------------------- the loop
+    def run(self):
+        for h in self.helpers:
+            h.bound.clear()
+            try:
+                h.conn.send(("run",))
+            except OSError:
+                self._lost(h, "helper's connection closed")
+        for S in self.steps:
+            if self.pending[id(S)] == 0:
+                self._start(S)
+        while True:
+            self._poll()
+            if self.error is not None:
+                break
+            # feed the helpers first: the caller takes what is left
+            for h in self.helpers:
+                # keep one ready slice for the caller: a lone slice is not worth a message
+                while len(h.inflight) < HELPER_QUEUE and len(self.ready) >= 2:
+                    k = next((k for k, it in enumerate(self.ready)
+                              if self.bound[it[2]][3] is not None), None)
+                    if k is None:
+                        break
+                    _, _, i, j = self.ready[k]
+                    self.ready[k] = self.ready[-1]
+                    self.ready.pop()
+                    heapq.heapify(self.ready)
+                    self._send(h, i, j)
+            if self.ready:
+                _, _, i, j = heapq.heappop(self.ready)
+                self._local(i, j)
+                continue
+            if any(h.inflight for h in self.helpers):
+                self._poll(wait=True)
+                continue
+            break
+        # drain what the helpers still run (their results must not land in a later run)
+        while any(h.inflight for h in self.helpers):
+            self._poll(wait=True)
+        self.pool.last_run = {"caller_slices": self.here, "helper_slices": self.sent}
+        if self.error is not None:
+            from .workers import _raise
+            _raise(*self.error)
+        if self.remaining:
+            raise DnnfabError(f"process pool run ended with {self.remaining} steps not run "
+                              "(a dependency cycle?); report this as a bug")

@@ -1,0 +1,158 @@
+"""The CPU workers with helper processes (``Options(pool="processes")``,
+sw/cpu/procpool.py): bit-identical to the reference whatever goes to the helpers, errors
+in a helper name the layer, a helper that dies leaves its slices to the caller, nothing is
+left running after close() or garbage collection."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from dnnfab.errors import DnnfabError
+from dnnfab.sw.cpu import procpool as PP
+from dnnfab.sw.cpu import reference as R
+from dnnfab.sw.cpu import workers as W
+from dnnfab.sw.cpu.options import Options
+
+from .test_workers import _zoo
+
+PROC = Options(pool="processes")
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    return {name: _zoo(name) for name in ("squeezenet", "inception_v1", "shufflenet")}
+
+
+def _split_everything(mp):
+    """Every layer cut into slices and every slice worth a helper."""
+    mp.setattr(W, "SPLIT_MIN_MACS", 0)
+    mp.setattr(W, "SPLIT_MIN_ELEMS", 0)
+    mp.setattr(W, "BAND_MIN_ROWS", 1)
+    mp.setattr(W, "PROC_HANDOFF_MIN_WORK", 0)
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "inception_v1", "shufflenet"])
+def test_processes_equal_reference(zoo, name, monkeypatch):
+    q, fq = zoo[name]
+    want = R.run_reference(q, fq, options=Options())
+    for threads, split in [(2, False), (2, True), (3, True)]:
+        with monkeypatch.context() as mp:
+            if split:
+                _split_everything(mp)
+            with W.CpuWorkers(q, threads=threads, options=PROC) as w:
+                assert w.wait_ready(), w.pool_report()
+                rep = w.pool_report()
+                assert rep["kind"] == "processes" and rep["helpers"] == threads - 1
+                runs = [w.run(fq) for _ in range(3)]        # the arena is reused per run
+                last = w.pool_report()["last_run"]
+        for got in runs:
+            assert set(got) == set(want)
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=f"{name} {threads} {split}")
+        if split:   # the helpers really ran a share of the slices
+            assert last["helper_slices"] >= last["caller_slices"] // (2 * threads), last
+
+
+def test_processes_outputs_are_copies(zoo):
+    """A run's outputs stay valid after the next run rewrites the shared arena."""
+    q, fq = zoo["squeezenet"]
+    with W.CpuWorkers(q, threads=2, options=PROC) as w:
+        w.wait_ready()
+        a = w.run(fq)
+        keep = {k: v.copy() for k, v in a.items()}
+        zeros = {k: np.zeros_like(v) for k, v in fq.items()}
+        w.run(zeros)
+        for k in keep:
+            np.testing.assert_array_equal(a[k], keep[k])
+
+
+def test_helper_error_names_the_layer(zoo, monkeypatch):
+    q, fq = zoo["squeezenet"]
+    with monkeypatch.context() as mp:
+        _split_everything(mp)
+        probe = W.CpuWorkers(q, threads=2)
+        step = next(i for i, s in enumerate(probe._steps) if s.op == "conv" and
+                    probe._step_progs[id(s)].slices > 1)
+        name = probe._steps[step].name
+        probe.close()
+        with W.CpuWorkers(q, threads=2, options=PROC, _fail_step=step) as w:
+            assert w.wait_ready()
+            with pytest.raises(W.CpuTaskError) as exc:
+                w.run(fq)
+            assert exc.value.layer == name
+            msg = str(exc.value)
+            assert repr(name) in msg and "helper process" in msg and "\n" not in msg
+            assert isinstance(exc.value, DnnfabError)
+
+
+def test_dead_helper_leaves_its_slices_to_the_caller(zoo, monkeypatch):
+    q, fq = zoo["inception_v1"]
+    want = R.run_reference(q, fq, options=Options())
+    with monkeypatch.context() as mp:
+        _split_everything(mp)
+        with W.CpuWorkers(q, threads=3, options=PROC) as w:
+            assert w.wait_ready()
+            w.run(fq)
+            victim = w._procpool.helpers[0].proc
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait()
+            got = w.run(fq)                  # the dead helper's slices run in the caller
+            rep = w.pool_report()
+            assert rep["helpers"] == 1 and f"{victim.pid} exited" in rep["note"], rep
+            got2 = w.run(fq)                 # and the pool goes on with the other helper
+    for out in (got, got2):
+        for k in want:
+            np.testing.assert_array_equal(out[k], want[k])
+
+
+def test_no_process_or_shared_memory_left(zoo):
+    q, fq = zoo["squeezenet"]
+    w = W.CpuWorkers(q, threads=3, options=PROC)
+    assert w.wait_ready()
+    procs = [h.proc for h in w._procpool.helpers]
+    shm = "/dev/shm/" + w._procpool.arena.name.lstrip("/")
+    w.run(fq)
+    assert all(p.poll() is None for p in procs) and os.path.exists(shm)
+    w.close()
+    w.close()                                   # idempotent
+    assert all(p.poll() is not None for p in procs)
+    assert not os.path.exists(shm)
+    with pytest.raises(DnnfabError, match="closed"):
+        w.run(fq)
+    w2 = W.CpuWorkers(q, threads=2, options=PROC)
+    procs = [h.proc for h in w2._procpool.helpers]
+    w2.run(fq)                                  # before the helper is ready: threads
+    del w2
+    gc.collect()
+    for p in procs:
+        p.wait(timeout=10)
+
+
+def test_pool_option():
+    assert Options().pool == "threads"
+    assert Options.from_env({"DNNFAB_POOL": "processes"}).pool == "processes"
+    with pytest.raises(ValueError, match="pool"):
+        Options(pool="forks")
+
+
+def test_arena_codes_round_trip():
+    a = PP._Arena(1 << 16)
+    try:
+        x = a.alloc((3, 5, 7), np.int8)
+        x[...] = np.arange(105, dtype=np.int8).reshape(3, 5, 7)
+        for v in (x, x[:, 1:4], x[..., ::2], x.reshape(15, 7), x[::-1]):
+            code = a.encode(v)
+            assert code is not None
+            np.testing.assert_array_equal(a.decode(code), v)
+        assert a.encode(np.zeros(4, np.int8)) is None          # not in the arena
+        assert a.alloc((1 << 20,), np.int8) is None             # does not fit
+        env = PP.ArenaEnv(None, a)
+        y = env.empty((1 << 20,), np.int8)                      # falls back to private memory
+        assert a.encode(y) is None
+    finally:
+        a.close()
