@@ -84,18 +84,44 @@ class _Arena:
         self.base = self.buf.__array_interface__["data"][0]
         self.top = 0
         self._codes = {}        # id(array) -> (array, code) of this run's allocations
+        # (context, k) -> (offset, bytes): the k-th allocation of a step's binding (or
+        # finish) gets the same place in every run, so a binding a helper holds stays valid
+        self.slots = {}
+        self.slot_top = 0
+        self.ctx, self.k = None, 0
 
     def reset(self):
-        self.top = 0
+        if self.slot_top > self.size // 2:       # places kept for too many variants: anew
+            self.slots.clear()
+            self.slot_top = 0
+        self.top = self.slot_top
+        self.ctx, self.k = None, 0
         self._codes.clear()
+
+    def context(self, key):
+        """Allocations from now on belong to ``key`` (None: one-off, not kept)."""
+        self.ctx, self.k = key, 0
 
     def alloc(self, shape, dtype):
         dtype = np.dtype(dtype)
         n = math.prod(shape) * dtype.itemsize
+        key = None
+        if self.ctx is not None:
+            key = (self.ctx, self.k)
+            self.k += 1
+            slot = self.slots.get(key)
+            if slot is not None and slot[1] == n:
+                return self._view(shape, dtype, slot[0])
         start = (self.top + _ALIGN - 1) // _ALIGN * _ALIGN
         if start + n > self.size:
             return None
         self.top = start + n
+        if key is not None:
+            self.slots[key] = (start, n)
+            self.slot_top = self.top
+        return self._view(shape, dtype, start)
+
+    def _view(self, shape, dtype, start):
         a = np.ndarray(shape, dtype, buffer=self.shm.buf, offset=start)
         self._codes[id(a)] = (a, (start, a.shape, a.strides, dtype.str))
         return a
@@ -347,8 +373,7 @@ def _helper_main(fd):
         kind = msg[0]
         if kind == "quit":
             break
-        if kind == "run":               # a new run: bindings of the last one are stale
-            bound.clear()
+        if kind == "run":               # a new run is starting (this message woke us)
             continue
         _, i, j, rec = msg
         err = None
@@ -399,7 +424,7 @@ class _Helper:
         self.ready = False
         self.dead = False
         self.inflight = []          # [(step, slice)] in send order
-        self.bound = set()          # steps whose binding this helper has this run
+        self.recs = {}              # step -> the binding record this helper holds
 
 
 class ProcPool:
@@ -541,11 +566,15 @@ class ProcRun:
         prog = self.progs[i]
         remote = self.helpers and self.remote_ok[i]
         env = _RecEnv(self.env) if remote else self.env
+        arena = self.env.arena
+        arena.context(("bind", i))
         try:
             stages, finish = prog.bind(env)
         except Exception as exc:  # noqa: BLE001
             self._fail(S, exc)
             return
+        finally:
+            arena.context(None)
         if len(stages) != 1:        # a multi-stage program: all of it here, in order
             def whole(stages=stages):
                 for tasks in stages:
@@ -566,12 +595,15 @@ class ProcRun:
         if b[2] or self.error is not None:
             return
         S = self.steps[i]
+        self.env.arena.context(("finish", i))
         try:
             if b[1] is not None:
                 b[1]()
         except Exception as exc:  # noqa: BLE001
             self._fail(S, exc)
             return
+        finally:
+            self.env.arena.context(None)
         self.remaining -= 1
         for c in self.consumers.get(S.output, ()):
             self.pending[id(c)] -= 1
@@ -584,10 +616,11 @@ class ProcRun:
 
     # -------------------------------------------------------------- helpers
     def _send(self, h, i, j):
-        rec = None
-        if i not in h.bound:
-            rec = self.bound[i][3]
-            h.bound.add(i)
+        rec = self.bound[i][3]
+        if h.recs.get(i) == rec:
+            rec = None                  # the helper's binding of an earlier run still holds
+        else:
+            h.recs[i] = rec
         try:
             h.conn.send(("slice", i, j, rec))
         except OSError:
@@ -649,9 +682,8 @@ class ProcRun:
     # -------------------------------------------------------------- the loop
     def run(self):
         for h in self.helpers:
-            h.bound.clear()
             try:
-                h.conn.send(("run",))
+                h.conn.send(("run",))   # wakes a helper that went to sleep
             except OSError:
                 self._lost(h, "helper's connection closed")
         for S in self.steps:

@@ -176,7 +176,9 @@ def _ort_ok():
 class _Prog:
     """A prepared layer. ``bind(env)`` -> (stages, finish): stages is a list of lists of
     callables (a stage starts when the previous one is done), ``finish()`` stores the
-    output (or None)."""
+    output (or None). ``bind`` takes views of the environment's tensors and allocates the
+    output with ``env.empty``; it never reads tensor *contents* (the tasks do): a helper
+    process (procpool.py) keeps a binding from one run to the next."""
 
     slices = 1
     split = "none"
@@ -873,11 +875,12 @@ class _GemmProg(_Prog):
         shp = x.shape
         nout = L.qweight.shape[0]
         x2 = np.ascontiguousarray(x).reshape(-1, shp[-1])
-        a = x2.view(np.uint8) ^ np.uint8(0x80) if self.u8 else x2.astype(np.float32)
         y = env.empty((x2.shape[0], nout), np.int8)
+        u8 = self.u8
         tasks = []
         for (c0, c1), eng in zip(self.parts, self.engines):
-            def t(c0=c0, c1=c1, eng=eng):
+            def t(c0=c0, c1=c1, eng=eng):   # each slice converts x (K bytes at batch 1)
+                a = x2.view(np.uint8) ^ np.uint8(0x80) if u8 else x2.astype(np.float32)
                 self.rq.rows(eng(a), y[:, c0:c1], c0, c1)
             tasks.append(t)
         return [tasks], lambda: env.put(L.output, y.reshape(shp[:-1] + (nout,)), "lg")
@@ -1532,8 +1535,10 @@ class CpuWorkers:
                 from .procpool import ArenaEnv, ProcRun
                 pp.arena.reset()
                 aenv = ArenaEnv(self.qg, pp.arena)
+                pp.arena.context(("inputs",))
                 for name, (x, lay) in env.v.items():
                     aenv.put(name, x, lay)
+                pp.arena.context(None)
                 ProcRun(self, pp, aenv, self._steps,
                         [self._step_progs[id(s)] for s in self._steps], self._remote).run()
                 # the arena is rewritten by the next run: the outputs are copies

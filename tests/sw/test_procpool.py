@@ -36,10 +36,26 @@ def _split_everything(mp):
     mp.setattr(W, "PROC_HANDOFF_MIN_WORK", 0)
 
 
+def _feeds(fq, n=3):
+    """``fq`` and random int8 inputs of its shapes (extremes included)."""
+    rng = np.random.default_rng(7)
+    out = [fq]
+    for i in range(n - 1):
+        f = {k: rng.integers(-128, 128, v.shape).astype(np.int8) for k, v in fq.items()}
+        if i == 0:
+            f = {k: np.where(v > 0, 127, -128).astype(np.int8) for k, v in f.items()}
+        out.append(f)
+    return out
+
+
 @pytest.mark.parametrize("name", ["squeezenet", "inception_v1", "shufflenet"])
 def test_processes_equal_reference(zoo, name, monkeypatch):
+    """Several runs with different inputs on one pool: the helpers keep their bindings
+    from run to run (procpool.py), so a binding that held an input's *contents* would
+    show here."""
     q, fq = zoo[name]
-    want = R.run_reference(q, fq, options=Options())
+    feeds = _feeds(fq) + [fq]
+    wants = [R.run_reference(q, f, options=Options()) for f in feeds]
     for threads, split in [(2, False), (2, True), (3, True)]:
         with monkeypatch.context() as mp:
             if split:
@@ -48,9 +64,9 @@ def test_processes_equal_reference(zoo, name, monkeypatch):
                 assert w.wait_ready(), w.pool_report()
                 rep = w.pool_report()
                 assert rep["kind"] == "processes" and rep["helpers"] == threads - 1
-                runs = [w.run(fq) for _ in range(3)]        # the arena is reused per run
+                runs = [w.run(f) for f in feeds]            # the arena is reused per run
                 last = w.pool_report()["last_run"]
-        for got in runs:
+        for got, want in zip(runs, wants):
             assert set(got) == set(want)
             for k in want:
                 np.testing.assert_array_equal(got[k], want[k], err_msg=f"{name} {threads} {split}")
