@@ -14,7 +14,8 @@ spins for a while after a run and would steal the CPU from the next one); report
 median times and the median over rounds of the per-round ratios, so load swings on a
 shared machine hit both sides of a ratio alike. ``workers_ms_2t_processes``: the same
 2-thread workers with a helper *process* instead of a second thread
-(``Options(pool="processes")``, sw/cpu/procpool.py), after its helper has prepared. ``workers_ms_2t_profiled``: the pool at 2
+(``Options(pool="processes")``, sw/cpu/procpool.py), after its helper has prepared and
+it has calibrated (helpers or the caller alone, ``processes_mode``). ``workers_ms_2t_profiled``: the pool at 2
 threads guided by a CPU profile measured in the same run (``CpuWorkers(profile=...)``:
 layers that were no faster on 2 threads than on 1 are not split). ``machine_scaling`` times one exact
 uint8 GEMM on 1 thread and the same work twice on 2 threads, concurrently, in the same
@@ -142,7 +143,7 @@ def main(argv=None):
     from dnnfab.sw.cpu.options import Options
     import tempfile
     from dnnfab.sw.cpu.profile import CpuProfile
-    from dnnfab.sw.cpu.workers import CpuWorkers
+    from dnnfab.sw.cpu.workers import CALIBRATION_RUNS, CALIBRATION_WARMUP, CpuWorkers
     from dnnfab.sw.ir.qgraph import dequantize_tensor
     tmpdir = tempfile.mkdtemp(prefix="dnnfab-bench-cpu-")
 
@@ -196,6 +197,9 @@ def main(argv=None):
                "ort_int8_2t": lambda: sess[2].run(None, feed)}
         for fn in fns.values():
             fn()
+        for _ in range(2 * (CALIBRATION_RUNS + CALIBRATION_WARMUP)):  # helpers or alone
+            fns["workers_2t_processes"]()
+        proc_rep = workers["proc"].pool_report()
         ts = {k: [] for k in fns}
         ratios, speedups, ratios_p, speedups_p = [], [], [], []
         for _ in range(args.repeat):
@@ -235,6 +239,8 @@ def main(argv=None):
                    speedup_2t_processes_vs_1t=round(statistics.median(speedups_p), 2),
                    ratio_vs_ort_int8_2t_processes=round(statistics.median(ratios_p), 2),
                    processes_ready=procs_ready, processes_slices=proc_slices,
+                   processes_mode=proc_rep["mode"],
+                   processes_calibration_ms=proc_rep["calibration_ms"],
                    best_ms={k: round(v, 3) for k, v in best.items()},
                    speedup_2t_vs_1t_best=round(best["workers_1t"] / best["workers_2t"], 2),
                    ratio_vs_ort_int8_2t_best=round(best["workers_2t"] / best["ort_int8_2t"], 2),

@@ -23,9 +23,11 @@ field                  environment variable    meaning
                                                (:class:`~dnnfab.sw.cpu.workers.CpuWorkers`;
                                                default None: the CPU's cores)
 ``pool``               ``DNNFAB_POOL``         how a whole-graph run of the workers uses its
-                                               threads: ``"threads"`` (one process) or
-                                               ``"processes"`` (``workers - 1`` helper
-                                               processes beside the caller; see procpool.py)
+                                               threads: ``"processes"`` (default:
+                                               ``workers - 1`` helper processes beside the
+                                               caller, or the caller alone where that
+                                               measured faster; see procpool.py) or
+                                               ``"threads"`` (one process)
 =====================  ======================  =============================================
 
 Every setting gives bit-identical results; they change only speed.
@@ -54,7 +56,7 @@ class Options:
     fast_plan: bool = True
     numba: bool = True
     workers: int | None = None
-    pool: str = "threads"
+    pool: str = "processes"
 
     def __post_init__(self):
         if self.pool not in POOLS:

@@ -353,6 +353,13 @@ def _helper_main(fd):
         if step_layout(w) != payload["layout"]:
             raise DnnfabError("its steps and slices differ from the caller's")
         fail = payload.get("fail_step")
+        # one run on zeros: every slice's engine session runs once before the first real
+        # run (an onnxruntime session's first run plans its memory: ~ms per session)
+        env = R.Env(w.qg)
+        for t in w.qg.inputs:
+            env.put(t.name, np.zeros(w.qg.shape(t.name), np.int8), "lg")
+        W._run_inline(w._step_progs, env, w._steps)
+        del env
     except Exception as exc:  # noqa: BLE001 - reported to the caller, which goes on alone
         conn.send(("fail", f"{type(exc).__name__}: {exc}"))
         return

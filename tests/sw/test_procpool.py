@@ -22,6 +22,9 @@ from .test_workers import _zoo
 
 PROC = Options(pool="processes")
 
+# helper processes poll without sleeping while a run is on: never beside a real-time run
+pytestmark = pytest.mark.xdist_group("realtime")
+
 
 @pytest.fixture(scope="module")
 def zoo():
@@ -62,6 +65,7 @@ def test_processes_equal_reference(zoo, name, monkeypatch):
                 _split_everything(mp)
             with W.CpuWorkers(q, threads=threads, options=PROC) as w:
                 assert w.wait_ready(), w.pool_report()
+                w._mode = "helpers"                     # no calibration: always the helpers
                 rep = w.pool_report()
                 assert rep["kind"] == "processes" and rep["helpers"] == threads - 1
                 runs = [w.run(f) for f in feeds]            # the arena is reused per run
@@ -79,6 +83,7 @@ def test_processes_outputs_are_copies(zoo):
     q, fq = zoo["squeezenet"]
     with W.CpuWorkers(q, threads=2, options=PROC) as w:
         w.wait_ready()
+        w._mode = "helpers"
         a = w.run(fq)
         keep = {k: v.copy() for k, v in a.items()}
         zeros = {k: np.zeros_like(v) for k, v in fq.items()}
@@ -98,6 +103,7 @@ def test_helper_error_names_the_layer(zoo, monkeypatch):
         probe.close()
         with W.CpuWorkers(q, threads=2, options=PROC, _fail_step=step) as w:
             assert w.wait_ready()
+            w._mode = "helpers"
             with pytest.raises(W.CpuTaskError) as exc:
                 w.run(fq)
             assert exc.value.layer == name
@@ -113,6 +119,7 @@ def test_dead_helper_leaves_its_slices_to_the_caller(zoo, monkeypatch):
         _split_everything(mp)
         with W.CpuWorkers(q, threads=3, options=PROC) as w:
             assert w.wait_ready()
+            w._mode = "helpers"
             w.run(fq)
             victim = w._procpool.helpers[0].proc
             os.kill(victim.pid, signal.SIGKILL)
@@ -130,6 +137,7 @@ def test_no_process_or_shared_memory_left(zoo):
     q, fq = zoo["squeezenet"]
     w = W.CpuWorkers(q, threads=3, options=PROC)
     assert w.wait_ready()
+    w._mode = "helpers"
     procs = [h.proc for h in w._procpool.helpers]
     shm = "/dev/shm/" + w._procpool.arena.name.lstrip("/")
     w.run(fq)
@@ -141,16 +149,43 @@ def test_no_process_or_shared_memory_left(zoo):
     with pytest.raises(DnnfabError, match="closed"):
         w.run(fq)
     w2 = W.CpuWorkers(q, threads=2, options=PROC)
+    for _ in range(W.PROC_START_AFTER_RUNS):   # a few runs start no process
+        w2.run(fq)
+        assert w2._procpool is None
+    w2.run(fq)                                  # started now; before it is ready: threads
     procs = [h.proc for h in w2._procpool.helpers]
-    w2.run(fq)                                  # before the helper is ready: threads
     del w2
     gc.collect()
     for p in procs:
         p.wait(timeout=10)
 
 
+def test_calibration_keeps_the_faster_mode(zoo):
+    """After the helpers are ready, the first runs alternate between the helpers and the
+    caller alone (CALIBRATION_WARMUP + CALIBRATION_RUNS each); the faster by median is kept, and every run is
+    bit-exact whichever mode ran it."""
+    q, fq = zoo["inception_v1"]
+    want = R.run_reference(q, fq, options=Options())
+    with W.CpuWorkers(q, threads=2, options=PROC) as w:
+        assert w.wait_ready()
+        for _ in range(2 * (W.CALIBRATION_RUNS + W.CALIBRATION_WARMUP)):
+            assert w.pool_report()["mode"] is None
+            got = w.run(fq)
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k])
+        rep = w.pool_report()
+        cal = rep["calibration_ms"]
+        assert set(cal) == {"helpers", "caller"} and all(v > 0 for v in cal.values())
+        assert rep["mode"] == min(cal, key=cal.get)
+        got = w.run(fq)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+
+
 def test_pool_option():
-    assert Options().pool == "threads"
+    assert Options().pool == "processes"
+    assert Options.from_env({}).pool == "processes"
+    assert Options.from_env({"DNNFAB_POOL": "threads"}).pool == "threads"
     assert Options.from_env({"DNNFAB_POOL": "processes"}).pool == "processes"
     with pytest.raises(ValueError, match="pool"):
         Options(pool="forks")

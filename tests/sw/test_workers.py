@@ -690,6 +690,7 @@ def test_profile_measured_cached_and_remeasured(tmp_path, zoo):
 
 
 # ---------------------------------------------------------------- the benchmark script
+@pytest.mark.xdist_group("realtime")   # its helper process polls: not beside real-time runs
 def test_bench_cpu_script_small(tmp_path):
     """scripts/bench_cpu.py runs through its own command line (small form) and writes the
     fields the issue names; the workers' result is bit-exact."""
@@ -708,9 +709,13 @@ def test_bench_cpu_script_small(tmp_path):
     assert [r["model"] for r in rows] == ["digits-cnn", "squeezenet"]   # a zoo case too
     for row in rows:
         for key in ("workers_ms_1t", "workers_ms_2t", "ort_int8_ms_1t", "ort_int8_ms_2t",
-                    "speedup_2t_vs_1t", "ratio_vs_ort_int8_2t"):
+                    "speedup_2t_vs_1t", "ratio_vs_ort_int8_2t", "workers_ms_2t_processes",
+                    "ratio_vs_ort_int8_2t_processes"):
             assert row[key] > 0, key
         assert row["bit_exact"] and row["engine"]
+        # the helper process prepared and calibrated before the timed rounds
+        assert row["processes_ready"] and row["processes_mode"] in ("helpers", "caller")
+        assert set(row["processes_calibration_ms"]) == {"helpers", "caller"}
     assert data["machine"]["u8s8_exact"] == HERE.int8_dot
     assert data["machine_scaling"]["before"]["scaling"] > 0
 
