@@ -1232,7 +1232,9 @@ def _shutdown(pool, pp_box):
 
 #: whole-graph runs with helper processes: the first runs after the helpers are ready are
 #: a block with the helpers, then a block in the caller alone, this many counted of each
-#: (after CALIBRATION_WARMUP), and the faster (median) is kept -- a network of small layers is faster alone (measured:
+#: (after CALIBRATION_WARMUP), and the faster is kept by the fastest run of each (other
+#: tenants of a shared machine only ever add time: a median of 3 picked the slower mode for
+#: alexnet in one benchmark run here). A network of small layers is faster alone (measured:
 #: squeezenet 6.9 ms alone, 9.7 ms with a helper; resnet50 43.3 / 33.4 ms)
 CALIBRATION_RUNS = 3
 #: whole-graph runs before the helper processes start (a one-off run does not pay for a
@@ -1247,20 +1249,6 @@ CALIBRATION_WARMUP = 2
 #: work per slice is at least this; measured on squeezenet / resnet50 / inception_v1 (2^21,
 #: 2^23, 2^25): smaller slices cost more in coordination (~0.1 ms per layer) than they save
 PROC_HANDOFF_MIN_WORK = 1 << 23
-#: a conv's row slice is computed in runs of rows whose im2col matrix and int32
-#: accumulators fit this many bytes: measured side by side at 1 thread (median of 5 rounds),
-#: vgg19 148.5 -> 128.6 ms and inception_v1 25.4 -> 22.6 ms with 4 MiB, resnet50 and
-#: zfnet512 unchanged; 1 MiB helped less, 256 KiB was slower (per-call cost)
-IM2COL_CHUNK_BYTES = 1 << 22
-#: a grouped 1x1 conv with at most this many groups runs as one block-diagonal GEMM on the
-#: u8s8 engine (g times the MACs in one call instead of Split + g GEMMs + Concat): measured
-#: on ShuffleNet's 32 g=4 convs with VNNI, 1 thread, side by side: 11.1 -> 9.7 ms. Not on
-#: u8u8 (plain AVX2), where a MAC costs ~2x and this was not measured
-GROUPED_1X1_DENSE_MAX_GROUPS = 4
-#: the module settings that decide how layers are cut into slices (a helper process of
-#: Options(pool="processes") takes the caller's values)
-SLICING_CONSTANTS = ("SPLIT_MIN_MACS", "SPLIT_MIN_ELEMS", "BIG_MACS", "BAND_MIN_ROWS",
-                     "HANDOFF_MIN_WORK")
 
 
 class CpuWorkers:
@@ -1504,7 +1492,7 @@ class CpuWorkers:
         pp = self._procpool
         live = len(pp.live()) if pp is not None else 0
         note = getattr(self, "_pool_note", None) or (pp.note if pp is not None else None)
-        cal = {k: round(float(np.median(v)), 3) for k, v in self._calib.items() if v}
+        cal = {k: round(float(min(v)), 3) for k, v in self._calib.items() if v}
         return {"kind": "processes" if pp is not None else "threads",
                 "threads": self.threads, "helpers": live, "note": note,
                 "last_run": pp.last_run if pp is not None else None,
@@ -1615,7 +1603,7 @@ class CpuWorkers:
         if min(len(v) for v in c.values()) >= CALIBRATION_WARMUP + CALIBRATION_RUNS:
             for k in c:
                 del c[k][:CALIBRATION_WARMUP]
-            self._mode = min(c, key=lambda k: float(np.median(c[k])))
+            self._mode = min(c, key=lambda k: min(c[k]))
 
     # ------------------------------------------------------------------ reports
     def engine_report(self):

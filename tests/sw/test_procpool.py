@@ -162,7 +162,7 @@ def test_no_process_or_shared_memory_left(zoo):
 
 def test_calibration_keeps_the_faster_mode(zoo):
     """After the helpers are ready, the first runs alternate between the helpers and the
-    caller alone (CALIBRATION_WARMUP + CALIBRATION_RUNS each); the faster by median is kept, and every run is
+    caller alone (CALIBRATION_WARMUP + CALIBRATION_RUNS each); the faster (fastest run) is kept, and every run is
     bit-exact whichever mode ran it."""
     q, fq = zoo["inception_v1"]
     want = R.run_reference(q, fq, options=Options())
