@@ -197,7 +197,7 @@ def main(argv=None):
                "ort_int8_2t": lambda: sess[2].run(None, feed)}
         for fn in fns.values():
             fn()
-        for _ in range(2 * (CALIBRATION_RUNS + CALIBRATION_WARMUP)):  # helpers or alone
+        for _ in range(2 * CALIBRATION_RUNS + CALIBRATION_WARMUP):  # helpers or alone
             fns["workers_2t_processes"]()
         proc_rep = workers["proc"].pool_report()
         ts = {k: [] for k in fns}

@@ -1230,18 +1230,18 @@ def _shutdown(pool, pp_box):
     pool.shutdown()
 
 
-#: whole-graph runs with helper processes: the first runs after the helpers are ready are
-#: a block with the helpers, then a block in the caller alone, this many counted of each
-#: (after CALIBRATION_WARMUP), and the faster is kept by the fastest run of each (other
-#: tenants of a shared machine only ever add time: a median of 3 picked the slower mode for
-#: alexnet in one benchmark run here). A network of small layers is faster alone (measured:
+#: whole-graph runs with helper processes: after CALIBRATION_WARMUP runs with the helpers,
+#: runs with the helpers and in the caller alone take turns, this many of each, and the
+#: mode with the fastest run is kept (other tenants of a shared machine only ever add time;
+#: a median of 3, or two blocks one after the other, picked the slower mode for alexnet
+#: in benchmark runs here). A network of small layers is faster alone (measured:
 #: squeezenet 6.9 ms alone, 9.7 ms with a helper; resnet50 43.3 / 33.4 ms)
 CALIBRATION_RUNS = 3
 #: whole-graph runs before the helper processes start (a one-off run does not pay for a
 #: process that prepares for ~1 s and would never serve it); wait_ready() starts them now
 PROC_START_AFTER_RUNS = 2
-#: runs of each mode not counted first: a helper's first runs warm its engine sessions up
-#: (measured: squeezenet's first helper runs 59 ms, 14 ms alone)
+#: runs with the helpers not counted first (their first runs bind every step and touch the
+#: shared memory's pages)
 CALIBRATION_WARMUP = 2
 
 
@@ -1566,9 +1566,10 @@ class CpuWorkers:
             pp = self._helpers(self._runs > PROC_START_AFTER_RUNS)
             live = pp is not None and bool(pp.live())
             mode = self._mode
-            if live and mode is None:   # calibrating: a block of runs with the helpers first
-                mode = "helpers" if len(self._calib["helpers"]) < \
-                    CALIBRATION_WARMUP + CALIBRATION_RUNS else "caller"
+            if live and mode is None:   # calibrating: the helpers' warm-up, then in turn
+                c = self._calib
+                mode = "helpers" if len(c["helpers"]) < CALIBRATION_WARMUP or \
+                    len(c["helpers"]) - CALIBRATION_WARMUP <= len(c["caller"]) else "caller"
             if mode == "caller":
                 t0 = time.perf_counter()
                 _run_inline(self._step_progs, env, self._steps)
@@ -1600,9 +1601,9 @@ class CpuWorkers:
             return
         c = self._calib
         c[mode].append((time.perf_counter() - t0) * 1e3)
-        if min(len(v) for v in c.values()) >= CALIBRATION_WARMUP + CALIBRATION_RUNS:
-            for k in c:
-                del c[k][:CALIBRATION_WARMUP]
+        if len(c["caller"]) >= CALIBRATION_RUNS and \
+                len(c["helpers"]) >= CALIBRATION_WARMUP + CALIBRATION_RUNS:
+            del c["helpers"][:CALIBRATION_WARMUP]
             self._mode = min(c, key=lambda k: min(c[k]))
 
     # ------------------------------------------------------------------ reports

@@ -161,14 +161,14 @@ def test_no_process_or_shared_memory_left(zoo):
 
 
 def test_calibration_keeps_the_faster_mode(zoo):
-    """After the helpers are ready, the first runs alternate between the helpers and the
-    caller alone (CALIBRATION_WARMUP + CALIBRATION_RUNS each); the faster (fastest run) is kept, and every run is
-    bit-exact whichever mode ran it."""
+    """After the helpers are ready, CALIBRATION_WARMUP runs with the helpers, then runs
+    with the helpers and in the caller alone in turn (CALIBRATION_RUNS each); the mode with
+    the fastest run is kept, and every run is bit-exact whichever mode ran it."""
     q, fq = zoo["inception_v1"]
     want = R.run_reference(q, fq, options=Options())
     with W.CpuWorkers(q, threads=2, options=PROC) as w:
         assert w.wait_ready()
-        for _ in range(2 * (W.CALIBRATION_RUNS + W.CALIBRATION_WARMUP)):
+        for _ in range(2 * W.CALIBRATION_RUNS + W.CALIBRATION_WARMUP):
             assert w.pool_report()["mode"] is None
             got = w.run(fq)
             for k in want:
