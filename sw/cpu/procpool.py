@@ -9,7 +9,8 @@ two threads ran squeezenet / resnet50 *slower* than one (docs/cpu.md, section 2)
 process has its own interpreter, so its Python glue runs truly beside the caller's.
 
 How. Each of the ``threads - 1`` helpers is a fresh interpreter
-(``python -m dnnfab.sw.cpu.procpool``, no re-import of the user's ``__main__``) that
+(``workers._helper_entry``, started with ``subprocess``: no re-import of the user's
+``__main__``) that
 prepares the same layers as the caller's :class:`~dnnfab.sw.cpu.workers.CpuWorkers` (same
 engines, same slices). Tensors of a run live in one shared-memory arena: the caller's
 environment (:class:`ArenaEnv`) allocates every layer output and layout conversion there.
@@ -334,32 +335,23 @@ class _Chan:
 
 
 # ====================================================================== helper process
-def _helper_main(fd):
-    """Entry of a helper process: receive the preparation, then serve slices."""
+def serve(fd, build):
+    """A helper process's life: ``build(payload)`` -> the caller's programs prepared here
+    (a :class:`~dnnfab.sw.cpu.workers.CpuWorkers`, its engine sessions already run once),
+    then serve slices until told to quit or the caller's socket closes."""
     conn = _Chan(Connection(fd))
     try:
         payload = pickle.loads(conn.recv_bytes())
     except EOFError:
         return
-    from . import workers as W
     try:
-        for k, v in payload["consts"].items():      # the caller's slicing thresholds
-            setattr(W, k, v)
-        w = W.CpuWorkers(payload["qg"], threads=payload["threads"], options=payload["options"],
-                         features=payload["features"], _prepared=payload["prepared"])
+        w = build(payload)
         arena = _Arena(payload["arena_size"], name=payload["arena_name"])
         steps = w._steps
         progs = [w._step_progs[id(s)] for s in steps]
         if step_layout(w) != payload["layout"]:
             raise DnnfabError("its steps and slices differ from the caller's")
         fail = payload.get("fail_step")
-        # one run on zeros: every slice's engine session runs once before the first real
-        # run (an onnxruntime session's first run plans its memory: ~ms per session)
-        env = R.Env(w.qg)
-        for t in w.qg.inputs:
-            env.put(t.name, np.zeros(w.qg.shape(t.name), np.int8), "lg")
-        W._run_inline(w._step_progs, env, w._steps)
-        del env
     except Exception as exc:  # noqa: BLE001 - reported to the caller, which goes on alone
         conn.send(("fail", f"{type(exc).__name__}: {exc}"))
         return
@@ -439,8 +431,7 @@ class ProcPool:
     module docstring). Started at construction; the caller's runs use the helpers that
     have reported ready (:meth:`wait_ready` blocks for them)."""
 
-    def __init__(self, workers, n, _fail_step=None):
-        from . import workers as W
+    def __init__(self, workers, n, consts, _fail_step=None):
         self.qg = workers.qg
         self.arena = _Arena(arena_bytes(workers.qg))
         self.helpers = []
@@ -448,15 +439,15 @@ class ProcPool:
         payload = dict(qg=_portable(workers.qg), threads=workers.threads, options=workers.options,
                        features=workers.features, prepared=workers._prepared,
                        arena_name=self.arena.name, arena_size=self.arena.size,
-                       consts={k: getattr(W, k) for k in W.SLICING_CONSTANTS},
+                       consts=consts,
                        layout=step_layout(workers), fail_step=_fail_step)
         self.last_run = None        # {'caller_slices', 'helper_slices'} of the last run
         for _ in range(n):
             a, b = socket.socketpair()
             env = dict(os.environ)
             proc = subprocess.Popen([sys.executable, "-c",
-                                     "import sys; from dnnfab.sw.cpu.procpool import "
-                                     "_helper_main; _helper_main(int(sys.argv[1]))",
+                                     "import sys; from dnnfab.sw.cpu.workers import "
+                                     "_helper_entry; _helper_entry(int(sys.argv[1]))",
                                      str(b.fileno())],
                                     pass_fds=[b.fileno()], stdin=subprocess.DEVNULL, env=env)
             b.close()
@@ -688,6 +679,8 @@ class ProcRun:
 
     # -------------------------------------------------------------- the loop
     def run(self):
+        """Run every step; returns None, or (step, exception) of the first failure (the
+        caller raises it, naming the layer)."""
         for h in self.helpers:
             try:
                 h.conn.send(("run",))   # wakes a helper that went to sleep
@@ -726,8 +719,7 @@ class ProcRun:
             self._poll(wait=True)
         self.pool.last_run = {"caller_slices": self.here, "helper_slices": self.sent}
         if self.error is not None:
-            from .workers import _raise
-            _raise(*self.error)
+            return self.error
         if self.remaining:
             raise DnnfabError(f"process pool run ended with {self.remaining} steps not run "
                               "(a dependency cycle?); report this as a bug")
