@@ -289,6 +289,15 @@ class _ReplayEnv:
         pass
 
 
+def shm_free_bytes(path="/dev/shm"):
+    """Free bytes of the shared-memory filesystem, or None where there is none to ask."""
+    try:
+        st = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def arena_bytes(qg):
     """Enough arena for one whole-graph run: every tensor twice (both layouts; 8 bytes per
     element for tensors that are not int8 codes), aligned."""
@@ -433,7 +442,14 @@ class ProcPool:
 
     def __init__(self, workers, n, consts, _fail_step=None):
         self.qg = workers.qg
-        self.arena = _Arena(arena_bytes(workers.qg))
+        size = arena_bytes(workers.qg)
+        free = shm_free_bytes()
+        if free is not None and size > free // 2:
+            # a tmpfs that runs out while a page is first written kills the process (SIGBUS)
+            raise OSError(f"the shared-memory arena needs {size >> 20} MiB and /dev/shm has "
+                          f"{free >> 20} MiB free (a container's default is 64 MiB: "
+                          "docker run --shm-size=1g, or DNNFAB_POOL=threads)")
+        self.arena = _Arena(size)
         self.helpers = []
         self.note = None
         payload = dict(qg=_portable(workers.qg), threads=workers.threads, options=workers.options,

@@ -1229,7 +1229,11 @@ def _helper_entry(fd):
     the caller's programs with the caller's slicing constants, run them once on zeros (an
     onnxruntime session's first run plans its memory: squeezenet's first helper runs took
     59 ms against 14 ms alone without this), then serve slices."""
+    import signal
     from .procpool import serve
+    # Ctrl-C in the user's terminal reaches the whole process group: the caller handles
+    # it, and a helper ends when the caller's socket closes (no second traceback)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def build(payload):
         globals().update(payload["consts"])

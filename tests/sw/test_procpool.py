@@ -182,6 +182,24 @@ def test_calibration_keeps_the_faster_mode(zoo):
             np.testing.assert_array_equal(got[k], want[k])
 
 
+def test_small_shared_memory_keeps_threads(zoo, monkeypatch):
+    """A /dev/shm too small for the arena (a container's 64 MiB): no helper is started
+    (writing past a full tmpfs would kill the process), the note says why and how to fix
+    it, and runs stay exact on the threads."""
+    q, fq = zoo["squeezenet"]
+    want = R.run_reference(q, fq, options=Options())
+    monkeypatch.setattr(PP, "shm_free_bytes", lambda path="/dev/shm": 1 << 20)
+    with W.CpuWorkers(q, threads=2, options=PROC) as w:
+        assert not w.wait_ready()
+        rep = w.pool_report()
+        assert rep["helpers"] == 0 and "/dev/shm" in rep["note"] and "shm-size" in rep["note"]
+        for _ in range(W.PROC_START_AFTER_RUNS + 2):
+            got = w.run(fq)
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k])
+    assert PP.shm_free_bytes() is None or PP.shm_free_bytes() > 0
+
+
 def test_pool_option():
     assert Options().pool == "processes"
     assert Options.from_env({}).pool == "processes"
