@@ -1632,6 +1632,12 @@ class CpuWorkers:
                 len(c["helpers"]) >= CALIBRATION_WARMUP + CALIBRATION_RUNS:
             del c["helpers"][:CALIBRATION_WARMUP]
             self._mode = min(c, key=lambda k: min(c[k]))
+            if self._mode == "caller" and self._pp[0] is not None:
+                # not worth their memory (a copy of every engine session) or processes
+                self._pp[0].shutdown()
+                self._pool_note = (f"helpers stopped: the caller alone ran this graph in "
+                                   f"{min(c['caller']):.3f} ms, with them in "
+                                   f"{min(c['helpers']):.3f} ms")
 
     # ------------------------------------------------------------------ reports
     def engine_report(self):

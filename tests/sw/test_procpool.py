@@ -177,6 +177,10 @@ def test_calibration_keeps_the_faster_mode(zoo):
         cal = rep["calibration_ms"]
         assert set(cal) == {"helpers", "caller"} and all(v > 0 for v in cal.values())
         assert rep["mode"] == min(cal, key=cal.get)
+        if rep["mode"] == "caller":     # the helpers are stopped: nothing left idle
+            assert rep["helpers"] == 0 and "helpers stopped" in rep["note"]
+        else:
+            assert rep["helpers"] == 1
         got = w.run(fq)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k])
