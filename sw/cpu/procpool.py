@@ -202,8 +202,9 @@ class ArenaEnv(R.Env):
         arr, lay = self.v[name]
         if lay == "lg":
             return arr
-        y = self.empty(R.from_cl(arr, self.rank(name)).shape, arr.dtype)
-        y[...] = R.from_cl(arr, self.rank(name))
+        src = R.from_cl(arr, self.rank(name))
+        y = self.empty(src.shape, arr.dtype)
+        y[...] = src
         return y
 
 
@@ -385,7 +386,6 @@ def serve(fd, build):
             continue
         _, i, j, rec = msg
         err = None
-        t0 = time.perf_counter()
         try:
             if rec is not None:
                 stages, _ = progs[i].bind(_ReplayEnv(w.qg, arena, rec))
@@ -395,7 +395,7 @@ def serve(fd, build):
             bound[i][j]()
         except Exception as exc:  # noqa: BLE001 - the caller names the layer
             err = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        conn.send(("done", i, j, err, t0, time.perf_counter()))
+        conn.send(("done", i, j, err))
         last = time.perf_counter()
     w._helper_stop()
     arena.close()
@@ -424,6 +424,19 @@ def step_layout(w):
         p = w._step_progs[id(st)]
         out.append((type(p).__name__, p.slices, [tuple(x) for x in getattr(p, "parts", ())]))
     return out
+
+
+def dependencies(steps):
+    """({id(step): number of steps it waits for}, {tensor: [steps reading it]}) of a
+    topological list of steps (layers or fused steps); inputs made outside it are ready."""
+    produced = {S.output: S for S in steps}
+    pending, consumers = {}, {}
+    for S in steps:
+        deps = {produced[t].output for t in S.inputs if t in produced and produced[t] is not S}
+        pending[id(S)] = len(deps)
+        for t in deps:
+            consumers.setdefault(t, []).append(S)
+    return pending, consumers
 
 
 class _Helper:
@@ -460,12 +473,11 @@ class ProcPool:
         self.last_run = None        # {'caller_slices', 'helper_slices'} of the last run
         for _ in range(n):
             a, b = socket.socketpair()
-            env = dict(os.environ)
             proc = subprocess.Popen([sys.executable, "-c",
                                      "import sys; from dnnfab.sw.cpu.workers import "
                                      "_helper_entry; _helper_entry(int(sys.argv[1]))",
                                      str(b.fileno())],
-                                    pass_fds=[b.fileno()], stdin=subprocess.DEVNULL, env=env)
+                                    pass_fds=[b.fileno()], stdin=subprocess.DEVNULL)
             b.close()
             self.helpers.append(_Helper(proc, _Chan(Connection(a.detach()))))
         # pickling a big graph takes a while: send it from a thread, the caller goes on
@@ -558,20 +570,13 @@ class ProcRun:
         self.steps, self.progs = steps, progs
         self.index = {id(s): i for i, s in enumerate(steps)}
         self.remote_ok = remote_ok               # step index -> bool
-        produced = {S.output: S for S in steps}
-        self.pending, self.consumers = {}, {}
-        for S in steps:
-            deps = {produced[t].output for t in S.inputs if t in produced and produced[t] is not S}
-            self.pending[id(S)] = len(deps)
-            for t in deps:
-                self.consumers.setdefault(t, []).append(S)
+        self.pending, self.consumers = dependencies(steps)
         self.remaining = len(steps)
         self.ready = []                          # heap of (prio, seq, step, slice)
         self.seq = itertools.count()
         self.bound = {}                          # step -> [tasks, finish, left, rec]
         self.error = None
         self.helpers = pool.live()
-        self.trace = None      # [(where, step, slice, start, end)] when a list is given
         self.sent = self.here = 0
 
     # -------------------------------------------------------------- steps
@@ -666,9 +671,7 @@ class ProcRun:
                 except (EOFError, OSError):
                     self._lost(h, "helper process exited")
                     break
-                _, i, j, err, t0, t1 = msg
-                if self.trace is not None:
-                    self.trace.append(("helper", i, j, t0, t1))
+                _, i, j, err = msg
                 h.inflight.remove((i, j))
                 got = True
                 if err is not None:
@@ -685,10 +688,7 @@ class ProcRun:
         self.here += 1
         if self.error is None:
             try:
-                t0 = time.perf_counter()
                 self.bound[i][0][j]()
-                if self.trace is not None:
-                    self.trace.append(("caller", i, j, t0, time.perf_counter()))
             except Exception as exc:  # noqa: BLE001
                 self._fail(S, exc)
         self._slice_done(i)

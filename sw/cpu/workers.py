@@ -57,6 +57,7 @@ from . import reference as R
 from .engines import (CpuFeatures, EngineChoice, U8S8_MAX_K, U8U8_MAX_K, default_workers,
                       is_qlrn, layer_geometry, layer_signature, select_engine)
 from .options import Options
+from .procpool import ArenaEnv, ProcPool, ProcRun, dependencies, serve
 
 __all__ = ["CpuWorkers", "CpuTaskError"]
 
@@ -1051,14 +1052,7 @@ class _Run:
         self.progs = workers._progs if progs is None else progs
         self.pos = workers._pos
         self.layers = list(layers)
-        produced = {L.output: L for L in self.layers}
-        self.pending = {}
-        self.consumers = {}
-        for L in self.layers:
-            deps = {produced[t].output for t in L.inputs if t in produced and produced[t] is not L}
-            self.pending[id(L)] = len(deps)
-            for t in deps:
-                self.consumers.setdefault(t, []).append(L)
+        self.pending, self.consumers = dependencies(self.layers)
         self.remaining = len(self.layers)
         self.inflight = 0
         self.error = None
@@ -1230,7 +1224,6 @@ def _helper_entry(fd):
     onnxruntime session's first run plans its memory: squeezenet's first helper runs took
     59 ms against 14 ms alone without this), then serve slices."""
     import signal
-    from .procpool import serve
     # Ctrl-C in the user's terminal reaches the whole process group: the caller handles
     # it, and a helper ends when the caller's socket closes (no second traceback)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -1319,15 +1312,11 @@ class CpuWorkers:
         # per thread hedge against a preempted thread; measured slower with processes)
         self._two = options.pool != "processes"
         for L in qg.layers:
-            if _prepared is not None:   # a helper process: the caller's preparation
-                p = self._prepare(L, _prepared[L.name])
-                p.big = _work(qg, L) / p.slices >= HANDOFF_MIN_WORK
-                self._prepared[L.name] = _prepared[L.name]
-                self._progs[id(L)] = p
-                continue
-            p = self._prepare(L, self.threads)
-            self._prepared[L.name] = self.threads
-            if profile is not None and self.threads > 1 and p.slices > 1:
+            # a helper process takes the caller's preparation (its profile decisions)
+            t = self.threads if _prepared is None else _prepared[L.name]
+            p = self._prepare(L, t)
+            self._prepared[L.name] = t
+            if _prepared is None and profile is not None and t > 1 and p.slices > 1:
                 sig = layer_signature(qg, L, p.choice.engine)
                 t1, tn = profile.latency_ms(sig, 1), profile.latency_ms(sig, self.threads)
                 if t1 is not None and tn is not None and tn >= t1:
@@ -1491,7 +1480,6 @@ class CpuWorkers:
         PROC_START_AFTER_RUNS times never start processes)."""
         if start and self._want_procs and self._pp[0] is None and \
                 not getattr(self, "_pool_note", None):
-            from .procpool import ProcPool
             try:
                 consts = {k: globals()[k] for k in SLICING_CONSTANTS}
                 self._pp[0] = ProcPool(self, self.threads - 1, consts, self._fail_step)
@@ -1600,7 +1588,6 @@ class CpuWorkers:
                 self._calibrated("caller", t0)
                 return {t.name: env.lg(t.name) for t in self.qg.outputs}
             if mode == "helpers" and live:
-                from .procpool import ArenaEnv, ProcRun
                 t0 = time.perf_counter()
                 pp.arena.reset()
                 aenv = ArenaEnv(self.qg, pp.arena)
