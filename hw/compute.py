@@ -108,6 +108,41 @@ class _Fifo:
             m.d.sync += valid.eq(0)
         return reg, valid
 
+    def head2(self, m, consume, name):
+        """The queue's head in a register ``reg`` fed by a second register ``reg2``, which
+        takes from the queue only while it is empty: the queue's read (its pointer and
+        occupancy flags) is a function of flip-flops only, and ``consume`` (the back end's
+        job end, far from the queue) reaches two flags and the registers' enables, never
+        the queue. ``reg`` loads eagerly (whenever it is empty or consumed) from ``reg2``.
+
+        Timing, per entry i pushed in cycle P(i) and consumed in cycle C(i): ``reg`` shows
+        it from T1(i) = max(P(i) + 4, T1(i-1) + 2, C(i-1) + 1) on (one cycle later than
+        :meth:`head` after a push, and an entry consumed in its first cycle is followed by
+        a one-cycle gap: the back end never ends jobs in three consecutive cycles, see
+        ComputeEngine). Proved against that definition:
+        tests/hw/test_retimed.py::test_fifo_head2_exhaustive."""
+        reg = dreg(self.layout, name=name)
+        valid = Signal(name=f"{name}_valid")
+        reg2 = dreg(self.layout, name=f"{name}2")
+        valid2 = Signal(name=f"{name}2_valid")
+        take = Signal(name=f"{name}_take")
+        load = Signal(name=f"{name}_load")
+        m.d.comb += [take.eq(self.fifo.r_rdy & ~valid2), self.fifo.r_en.eq(take),
+                     load.eq(valid2 & (~valid | consume))]
+        with m.If(~valid2):
+            m.d.sync += reg2.eq(self.r)
+        with m.If(~valid | consume):
+            m.d.sync += reg.eq(reg2)
+        with m.If(take):
+            m.d.sync += valid2.eq(1)
+        with m.Elif(load):
+            m.d.sync += valid2.eq(0)
+        with m.If(load):
+            m.d.sync += valid.eq(1)
+        with m.Elif(consume):
+            m.d.sync += valid.eq(0)
+        return reg, valid, valid2
+
 
 class ComputeEngine(wiring.Component):
     """Executes COMPUTE instructions on the systolic array.
@@ -553,7 +588,16 @@ class ComputeEngine(wiring.Component):
         # waits in a register of its own (``bq``, filled from the queue as soon as there is
         # one), so the loads start at flip-flops, not at the queue's asynchronous
         # distributed-RAM read (the counters' loads were 7.4 ns paths); it is filled long
-        # before the job's first beat, so this costs no cycle.
+        # before the job's first beat, so this costs no cycle. ``bq`` is fed by a second
+        # register (``_Fifo.head2``) that takes from the queue only while empty, so the job
+        # end no longer reaches the queue's read pointer and occupancy (job end -> take ->
+        # ``back_q.occupied`` was the worst path of two placements, 7.4 / 8.0 ns, ~78 %
+        # routing). The cost: after two job ends in consecutive cycles ``bq`` is empty for
+        # a cycle. That never matters: ends in consecutive cycles mean the second job had a
+        # single beat (one pixel, one K tile), and the array starts the next tile at least
+        # ``min_tile_rows`` = 2R + C + 1 >= 5 cycles after that tile, so the next job ends
+        # at least 5 cycles later, when ``bq`` has been refilled for 2 (the co-simulated
+        # ``tail1`` layer ends on two one-beat jobs right behind long ones).
         m.submodules.accmem = accmem = RegisteredRAM(C * cfg.acc_bits, self.acc_depth)
         assert RAM_READ_LATENCY == 2
 
@@ -572,7 +616,7 @@ class ComputeEngine(wiring.Component):
         last_kt = kt_left[-1]
         job_end = Signal()
         b_load = Signal()
-        bq, bq_valid = back_q.head(m, b_load, "bq", eager=True)
+        bq, bq_valid, bq2_valid = back_q.head2(m, b_load, "bq")
         m.d.comb += [job_end.eq(beat & last_p & last_kt),
                      b_load.eq(bq_valid & (~bj_valid | job_end))]
         m.d.comb += [accmem.r_addr.eq(acc_addr), accmem.r_en.eq(beat)]
@@ -704,7 +748,7 @@ class ComputeEngine(wiring.Component):
         idle_q = Signal(); valid_q = Signal()
         m.d.sync += [idle_q.eq(idle), valid_q.eq(self.insn.valid),
                      self.idle.eq(idle_q & ~valid_q & ~self.insn.valid)]
-        m.d.comb += idle.eq(dstate[0] & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy & ~bq_valid
+        m.d.comb += idle.eq(dstate[0] & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy & ~bq_valid & ~bq2_valid
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
                                  & ~afifo.r_rdy & ~h_valid & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)

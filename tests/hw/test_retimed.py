@@ -416,6 +416,140 @@ def test_fifo_head_proof_catches_a_refill_that_waits():
         check_fifo_head(3, cls=bad)
 
 
+def check_fifo_head2(depth, cls=compute._Fifo):
+    """Plain definition of the two-register queue head (``_Fifo.head2``, the back end's
+    ``bq``), per entry i pushed in cycle P(i) and consumed in cycle C(i): the register
+    shows entry i from T1(i) = max(P(i) + 4, T1(i-1) + 2, C(i-1) + 1) until it is
+    consumed (``valid``), and the queue itself holds the entries that have not reached
+    the second register, which entry j does at T2(j) = max(P(j) + 3, T1(j-1) + 1)
+    (``w_rdy`` = fewer than ``depth`` of them). Contract: ``w_en`` only with ``w_rdy``,
+    ``consume`` only with ``valid``, ``w_data`` held in the cycle after a push.
+
+    Model state: the ages (capped at 4) of the unconsumed entries, oldest first; ``lb``,
+    whether the oldest may not be shown yet because its predecessor was consumed in its
+    first shown cycle (T1(i-1) + 2 > now); ``va``, how long the oldest has been shown (0
+    not shown, 1 from this cycle, 2 longer); and the queue's take count modulo ``depth``.
+    Then the oldest is shown iff its age >= 4 and not ``lb``; the entry after a shown
+    oldest is in the second register iff its age >= 3 and ``va`` = 2; a not-shown oldest
+    is there iff its age >= 3 (its predecessor was shown before the last cycle)."""
+    layout = data.StructLayout({"v": 8})
+
+    def build(m):
+        q = cls(m, "q", layout, depth)
+        consume = Signal(name="consume")
+        reg, valid, valid2 = q.head2(m, consume, "h")
+        return q, consume, reg, valid, valid2
+    frag, (q, consume, reg, valid, valid2) = _wrapped(build)
+    ptr = find(frag, "consume", path=("q",))
+    prod = find(frag, "produce", path=("q",))
+    stored, occupied = find(frag, "stored", path=("q",)), find(frag, "occupied", path=("q",))
+    reg2 = find(frag, "h2")
+    assert registers(frag) == {((), "h"), ((), "h_valid"), ((), "h2"), ((), "h2_valid"),
+                               *{(("q",), n) for n in ("stored", "occupied", "produce", "consume", "we_d")}}
+
+    def shown(st):
+        ages, lb, _, _ = st
+        return bool(ages) and ages[0] >= 4 and not lb
+
+    def in_second(st):
+        """Index of the entry in the second register, or None."""
+        ages, _, va, _ = st
+        if shown(st):
+            return 1 if len(ages) > 1 and ages[1] >= 3 and va == 2 else None
+        return 0 if ages and ages[0] >= 3 else None
+
+    def in_fifo(st):
+        ages = st[0]
+        k = in_second(st)
+        first = (k + 1) if k is not None else (1 if shown(st) else 0)
+        return ages[first:]
+
+    def inputs(st):
+        return [(w, c) for w in (0, 1) for c in (0, 1)
+                if (not w or len(in_fifo(st)) < depth) and (not c or shown(st))]
+
+    def step(st, i):
+        (ages, lb, va, p), (w, c) = st, i
+        n_before = len(in_fifo(st))
+        if c:
+            rest = ages[1:]
+            lb2 = int(va == 1)          # T1(i) + 2 > C(i) + 1 iff consumed in its first cycle
+        else:
+            rest = ages
+            lb2 = 0                     # (lb is at most one cycle long)
+        rest = tuple(min(4, a + 1) for a in rest) + ((1,) if w else ())
+        nxt = (rest, lb2, 0, 0)
+        if shown(nxt):
+            va2 = min(va + 1, 2) if (not c and va) else 1
+        else:
+            va2 = 0
+        nxt = (rest, lb2, va2, 0)
+        takes = n_before + w - len(in_fifo(nxt))
+        assert takes in (0, 1)
+        return (rest, lb2, va2, (p + takes) % depth)
+
+    init = ((), 0, 0, 0)
+    walk, n_states, n_edges = edge_cover(init, inputs, step)
+    rng = random.Random(depth)
+
+    async def bench(ctx):
+        st = init
+        vals = []           # values of the unconsumed entries, oldest first
+        held = 0
+        prev_w = 0
+        for cyc, (w, c) in enumerate(walk + [(0, 0)]):
+            ages, lb, va, p = st
+            v = held if prev_w else rng.randrange(256)
+            ctx.set(q.fifo.w_en, w)
+            ctx.set(q.w.v, v)
+            ctx.set(consume, c)
+            where = f"depth {depth} cycle {cyc}: ages {ages} lb {lb} va {va}"
+            assert ctx.get(valid) == shown(st), where
+            if shown(st):
+                assert ctx.get(reg.v) == vals[0], where
+            k = in_second(st)
+            assert ctx.get(valid2) == (k is not None), where
+            if k is not None:
+                assert ctx.get(reg2) == vals[k], where
+            fifo = in_fifo(st)
+            assert ctx.get(q.fifo.w_rdy) == (len(fifo) < depth), where
+            assert ctx.get(ptr) == p, where
+            assert ctx.get(stored) == therm(sum(a >= 2 for a in fifo)), where
+            assert ctx.get(occupied) == therm(len(fifo)), where
+            assert ctx.get(prod) == (p + sum(a >= 2 for a in fifo)) % depth, where
+            await ctx.tick()
+            if c:
+                vals.pop(0)
+            if w:
+                vals.append(v)
+            held, prev_w = v, w
+            st = step(st, (w, c))
+
+    simulate(frag, bench)
+    return n_states, n_edges
+
+
+@pytest.mark.parametrize("depth", [2, 3, 4])          # the back end's job queue has 3
+def test_fifo_head2_exhaustive(depth):
+    check_fifo_head2(depth)
+
+
+def test_fifo_head2_proof_catches_a_take_while_consumed():
+    # the second register refilled in the cycle it hands over (the plain single-register
+    # timing): the proof's T1 (one cycle gap after a consume in the first cycle) fails
+    bad = mutant(compute._Fifo, "take.eq(self.fifo.r_rdy & ~valid2)",
+                 "take.eq(self.fifo.r_rdy & (~valid2 | load))")
+    with pytest.raises(AssertionError, match="depth 3"):
+        check_fifo_head2(3, cls=bad)
+
+
+def test_fifo_head2_proof_catches_a_load_without_consume():
+    # the head register loads only while empty: a consume leaves it empty for a cycle
+    bad = mutant(compute._Fifo, "load.eq(valid2 & (~valid | consume))", "load.eq(valid2 & ~valid)")
+    with pytest.raises(AssertionError, match="depth 3"):
+        check_fifo_head2(3, cls=bad)
+
+
 # ============================================================================ Scratchpad
 def _de_bruijn(k, n):
     """A sequence over ``range(k)`` in which every length-``n`` word occurs (cyclically)."""

@@ -9,12 +9,14 @@ host, and runs random programs with well-formed dependency tokens. Every cycle i
 the controller's registered signals against their plain definitions (names from
 hw/controller.py):
 
-* ``free`` = beat FIFO slots - FIFO level - beats requested by fetches and not arrived;
+* ``free`` = beat FIFO slots - FIFO level - beats requested by fetches before the last
+  cycle and not arrived;
   the FIFO is never written while full;
 * ``fetch_n`` = min(``remaining``, FETCH_CHUNK) and ``rem_nz`` = ``remaining`` != 0,
-  except in the two cycles after a fetch (condition: a fetch is never decided then);
+  except in the second and third cycle after a fetch (the fetch's bookkeeping is updated
+  a cycle after it; condition: a fetch is never decided then);
   ``fetch_want`` = the plain fetch decision (running, no error, something left, room for
-  it, no fetch in the last three cycles) of one cycle earlier, and every fetch has
+  it, no fetch in the last four cycles) of one cycle earlier, and every fetch has
   room for what it asks and asks for min(remaining, 8) instructions from the right address;
 * ``dispatched`` = instructions taken up to two cycles ago (an illegal instruction's
   ERROR_INFO = its index);
@@ -175,6 +177,7 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
                 "c_idle_plain2": 1, "ci_v2": 0}
         fg_hist = [0, 0, 0]                     # fetch_go at t-1, t-2, t-3
         req_beats = delivered = 0
+        req_last = 0                            # beats requested by the last cycle's fetch
         takes = []                              # cycles of instruction takes
         k = 0                                   # the program running (or next)
         start_at = 3
@@ -217,16 +220,18 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
             if not stale:
                 # free: FIFO slots neither filled nor reserved
                 level = bin(ctx.get(beats_stored)).count("1")
-                assert fr == beat_depth - level - (req_beats - delivered), \
-                    f"{where}: free {fr}, FIFO level {level}, beats outstanding {req_beats - delivered}"
-                # fetch_n / rem_nz: the plain functions of remaining, unless a fetch was < 3 cycles ago
-                if not (fg_hist[0] or fg_hist[1]):
+                assert fr == beat_depth - level - (req_beats - req_last - delivered), \
+                    f"{where}: free {fr}, FIFO level {level}, beats outstanding {req_beats - delivered}" \
+                    f" ({req_last} of them requested in the last cycle)"
+                # fetch_n / rem_nz: the plain functions of remaining, unless a fetch was 2 or 3
+                # cycles ago (its bookkeeping moved remaining; fetch_n follows two cycles later)
+                if not (fg_hist[1] or fg_hist[2]):
                     assert (fn, rnz) == (chunk(rem), int(rem != 0)), \
                         f"{where}: remaining {rem}: fetch_n {fn}, rem_nz {rnz}"
                 # fetch_want: the plain decision of a cycle ago
                 assert fw == prev["P"], f"{where}: fetch_want {fw}, plain decision a cycle ago {prev['P']}"
             # (the plain decision now; this cycle's fetch_go is added below)
-            P = int(run and not stp and rem != 0 and chunk(rem) * bpi <= fr and not any(fg_hist[:2]))
+            P = int(run and not stp and rem != 0 and chunk(rem) * bpi <= fr and not any(fg_hist[:3]))
             if run and not stp and rem != 0 and chunk(rem) * bpi > fr:
                 res["room_waits"] += 1
             if run_start is not None:
@@ -414,10 +419,12 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
                     assert ctx.get(av), f"{where}: {name} decremented while not available"
             chan = (case(ctx.get(fetch_sel) | ctx.get(load_sel), rd_v, rd_hs), case(ctx.get(store_sel), wr_v, wr_hs))
             fg = ctx.get(fetch_go)
+            req_last = 0
             if fg and not stp:
                 assert run and rem != 0 and fn == chunk(rem) and fn * bpi <= fr, \
                     f"{where}: fetch of {fn} with remaining {rem}, free {fr}"
                 req_beats += fn * bpi
+                req_last = fn * bpi
             elif fg:
                 # decided a cycle before the stop: its command is dropped (never presented,
                 # checked above), and the fetch state stays stale until SOFT_RESET
@@ -477,8 +484,16 @@ def test_controller_pending_fifo_gates():
     # a gate without the margin for its own lag lets the write pending FIFO overflow
     bad = lib.mutant(ctl.Controller, "(wr_pending.level < wr_pending.depth - 2)",
                      "(wr_pending.level < wr_pending.depth)")
-    with pytest.raises(AssertionError, match="write pending FIFO written while full"):
-        run_controller(256, progs, 77, cls=bad, **timing)
+    # (whether the overflow happens depends on how the stores meet the completions: one of
+    # a few seeds must show it)
+    caught = []
+    for seed in (77, 1, 2, 3):
+        try:
+            run_controller(256, progs, seed, cls=bad, **timing)
+        except AssertionError as e:
+            assert "write pending FIFO written while full" in str(e), e
+            caught.append(seed)
+    assert caught, "the ungated write pending FIFO never overflowed"
 
 
 @pytest.mark.parametrize("bus_bits,k", [(256, 0), (256, 3), (256, 9), (128, 1), (128, 6), (64, 2)])
