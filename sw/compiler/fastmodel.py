@@ -287,6 +287,7 @@ class CycleReport:
 # ``NARROW_LOAD_GAP`` cycles further apart than their beats alone (measured, not yet
 # explained by the RTL's documented behaviour; 128-bit buses show no gap).
 FETCH_BLOCKING_CHUNKS = 1
+FETCH_SPACING = 5          # a fetch command at most every 5th cycle (hw/controller.py: fetch_go_ddd)
 NARROW_LOAD_GAP = 6
 DMA_READ_LATENCY = 7       # AR -> first beat in a scratchpad (AXI RAM model)
 DMA_WRITE_LATENCY = 10     # last W beat -> B response (incl. the scratchpad read)
@@ -311,9 +312,9 @@ def estimate_cycles(prog) -> CycleReport:
     # Instruction fetch shares the read channel with the loads (fetches go first): chunk
     # 0 is the start latency; chunk c >= 1 is requested once the beat FIFO (two chunks
     # deep) has room for it, i.e. once all but 16 of the instructions up to it have been
-    # taken by the dispatcher (at most every 4th cycle). The dispatcher takes one
-    # instruction per ``bpi + 1`` cycles (the gearbox assembles bpi beats, then the take),
-    # once its chunk has arrived. (Measured on the RTL with a per-cycle trace of the
+    # taken by the dispatcher (at most every ``FETCH_SPACING``-th cycle). The dispatcher
+    # takes one instruction per ``bpi + 1`` cycles (the gearbox assembles bpi beats, then
+    # the take), once its chunk has arrived. (Measured on the RTL with a per-cycle trace of the
     # controller's selections; queue-full stalls of the dispatcher are not modelled.)
     insns = prog.insns
     bpi = max(1, INSN_BYTES // bus)
@@ -338,8 +339,8 @@ def estimate_cycles(prog) -> CycleReport:
     def request(c):
         if c < n_chunks:
             k = min(n_insns, (c + 1) * FETCH_CHUNK) - 2 * FETCH_CHUNK - 1    # taken before room
-            t = START_LATENCY + 4 if k < 0 else avail(k) - 3 + 1
-            pending.append((max(t, START_LATENCY + 4 * c), c))
+            t = START_LATENCY + FETCH_SPACING if k < 0 else avail(k) - 3 + 1
+            pending.append((max(t, START_LATENCY + FETCH_SPACING * c), c))
 
     def place_fetches(until):
         """Put the fetches requested by ``until`` on the channel (they go first)."""
