@@ -28,7 +28,8 @@ so slices of one layer and independent layers really run at once:
 
 * :func:`dwconv_rows`, :func:`avgpool_rows` -- depthwise conv and average pool on a band
   of output rows;
-* :func:`lut1_range`, :func:`lut2_range` -- the table lookups on ``[i0, i1)``.
+* :func:`lut1_range`, :func:`lut2_range` -- the table lookups on ``[i0, i1)``;
+  :func:`lut1_rows` -- one table into a strided 2-D destination.
 
 ``AVAILABLE`` is False when numba is missing; the reference then (and with
 ``Options(numba=False)``, e.g. from ``DNNFAB_NUMBA=0``) uses its numpy kernels (same results, slower). Compiled code is cached on disk by numba
@@ -41,7 +42,7 @@ import numpy as np
 
 __all__ = ["AVAILABLE", "plan_prod_f32", "plan_scatter", "plan_gather_u8", "plan_finish", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
            "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
-           "avgpool_rows", "lut1_range", "lut2_range", "lrn_rows", "rq_float_params", "requant_rows_f",
+           "avgpool_rows", "lut1_range", "lut1_rows", "lut2_range", "lrn_rows", "rq_float_params", "requant_rows_f",
            "requant_rows_perm_f", "requant_add_f", "requant_add_perm_f"]
 
 try:
@@ -378,6 +379,15 @@ if AVAILABLE:
         """out[i] = table[a[i] & 0xff] for i in [i0, i1) (flat int8 arrays)."""
         for i in range(i0, i1):
             out[i] = table[np.int32(a[i]) & 0xFF]
+        return out
+
+    @njit(**_jit)
+    def lut1_rows(a, table, out):
+        """out[i, j] = table[a[i, j] & 0xff] for int8 ``a`` [rows, C] and ``out`` [rows, C]
+        of any strides (a concat input written straight into its channel range)."""
+        for i in range(a.shape[0]):
+            for j in range(a.shape[1]):
+                out[i, j] = table[np.int32(a[i, j]) & 0xFF]
         return out
 
     @njit(**_jit)

@@ -785,6 +785,14 @@ class _AddProg(_Prog):
         return [tasks], lambda: env.put(self.L.output, y, lay)
 
 
+def _rows_view(a):
+    """``a`` as a 2-D view [rows, last axis], or None where that needs a copy."""
+    try:
+        return np.reshape(a, (-1, a.shape[-1]), copy=False)
+    except (ValueError, TypeError):     # (TypeError: numpy < 2.1 has no ``copy``)
+        return None
+
+
 class _ConcatProg(_Prog):
     """Concat / rescale: a 256-entry table per non-identity input (FastPlan's); a concat
     on the channel axis of channel-last data is one task per input, writing its channel
@@ -810,6 +818,10 @@ class _ConcatProg(_Prog):
     def _lut(x, tb, dst):
         if tb is None:
             dst[...] = x
+        elif _K.AVAILABLE and x.ndim >= 2 and dst.shape == x.shape and \
+                (d2 := _rows_view(dst)) is not None:
+            # straight into the destination (a channel range of the output: strided rows)
+            _K.lut1_rows(np.ascontiguousarray(x).reshape(-1, x.shape[-1]), tb, d2)
         elif _K.AVAILABLE:
             xc = np.ascontiguousarray(x)
             tmp = np.empty(xc.shape, np.int8)
