@@ -57,6 +57,10 @@ Direct engines:
 ``numba-pool``, ``numba-lut``
     average pool and table-driven add / concat / rescale / LUT in numba loops, integer
     arithmetic (tables hold the contract's int64 formula for every input code).
+``numba-affine``
+    1x1 depthwise convs (unfoldable BatchNorms) as ``floor((x * w * m + bias * m +
+    2^(n-1)) * 2^-n)`` in float64, only where every intermediate is an integer below
+    2^52 (exact); otherwise their per-channel table (``numba-lut``).
 ``numba-lrn``
     ONNX LRN (a CPU float op): the channel-window sum of squared codes ``(q - zx)^2`` is an
     exact integer; one float64 table per layer (:func:`~dnnfab.sw.cpu.reference.lrn_table`)

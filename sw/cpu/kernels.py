@@ -42,7 +42,7 @@ import numpy as np
 
 __all__ = ["AVAILABLE", "plan_prod_f32", "plan_scatter", "plan_gather_u8", "plan_finish", "requant_rows", "requant_wrap_rows", "requant_rows_perm", "requant_add", "requant_add_perm",
            "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
-           "avgpool_rows", "lut1_range", "lut1_rows", "lut2_range", "lrn_rows", "rq_float_params", "requant_rows_f",
+           "avgpool_rows", "lut1_range", "lut1_rows", "scale_rq_rows_f", "lut2_range", "lrn_rows", "rq_float_params", "requant_rows_f",
            "requant_rows_perm_f", "requant_add_f", "requant_add_perm_f"]
 
 try:
@@ -436,6 +436,24 @@ if AVAILABLE:
 
 if AVAILABLE:
     @njit(**_jit)
+    def scale_rq_rows_f(x, wm, bm, sf, zy, lo, hi, r0, r1, out):
+        """A 1x1 depthwise conv in float64: ``out[i, c] = clamp(floor((x[i, c] * wm[c] +
+        bm[c]) * sf[c]) + zy)`` for rows ``[r0, r1)`` of int8 ``x`` [rows, C], with ``wm =
+        w * m``, ``bm = bias * m + 2^(n-1)``, ``sf = 2^-n`` (:func:`scale_rq_params`): the
+        contract's ``rq(x * w + bias)``, exact where those exist. Vectorizes, unlike
+        :func:`lut_per_channel`'s per-element gather."""
+        c = x.shape[1]
+        for i in range(r0, r1):
+            a = x[i]
+            o = out[i]
+            for j in range(c):
+                v = np.floor((np.float64(a[j]) * wm[j] + bm[j]) * sf[j]) + zy
+                o[j] = np.int8(lo if v < lo else (hi if v > hi else v))
+        return out
+
+
+if AVAILABLE:
+    @njit(**_jit)
     def lrn_rows(x, z, lo_w, hi_w, table, zy, r0, r1, out):
         """Quantized LRN on pixel rows ``[r0, r1)`` of channel-last int8 ``x`` [rows, C]:
         ``d = x - z``, ``W`` = the exact integer sum of ``d^2`` over channels
@@ -459,6 +477,24 @@ if AVAILABLE:
                 if j - lo_w >= 0:
                     w -= sq[j - lo_w]
         return out
+
+
+def scale_rq_params(w, bias, m, n):
+    """``(wm, bm, sf)`` float64 [C] for :func:`scale_rq_rows_f` (a 1x1 depthwise conv of
+    int8 inputs: ``acc = x * w + bias``), or None where float64 is not exact: every
+    intermediate, ``x * w * m``, ``bias * m + 2^(n-1)`` and their sum (``(acc + bias) * m +
+    2^(n-1)`` of :func:`rq_float_params`), is an integer below 2^52 in magnitude when
+    ``(128 |w| + |bias|) |m| + 2^(n-1) < 2^52``."""
+    w = np.asarray(w, np.int64)
+    bias = np.asarray(bias, np.int64)
+    vmax = 128 * int(np.abs(w).max(initial=0)) + int(np.abs(bias).max(initial=0))
+    p = rq_float_params(np.zeros_like(bias), m, n, vmax)
+    if p is None:
+        return None
+    _, _, rf, sf = (np.broadcast_to(v, w.shape) for v in p)
+    m = np.broadcast_to(np.asarray(m, np.int64), w.shape)
+    return (np.ascontiguousarray(w * m, np.float64),
+            np.ascontiguousarray((bias * m).astype(np.float64) + rf), np.ascontiguousarray(sf))
 
 
 def rq_float_params(bias, m, n, vmax):

@@ -245,3 +245,38 @@ def test_lut_kernels_equal_take():
     idx = a.view(np.uint8).astype(np.int64) * 256 + b.view(np.uint8)
     np.testing.assert_array_equal(out, t2[idx.reshape(-1)])
     np.testing.assert_array_equal(R._lut1(a, t1), np.take(t1, a.view(np.uint8)))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), edge=st.booleans())
+def test_scale_rq_kernel_equals_contract_up_to_its_bound(seed, edge):
+    """``scale_rq_rows_f`` (a 1x1 depthwise conv in float64) equals the contract's int64
+    requantize of ``x * w + bias`` on every int8 code and extreme weights, biases and
+    multipliers; ``edge``: the multiplier is the largest for which ``scale_rq_params``
+    still gives parameters (one more and it returns None)."""
+    rng = np.random.default_rng(seed)
+    c = int(rng.integers(1, 24))
+    w = rng.choice([-128, -127, 127, 0, 1, -1], c).astype(np.int64)
+    mix = rng.random(c) < 0.5
+    w[mix] = rng.integers(-128, 128, int(mix.sum()))
+    bias = rng.integers(-2**24, 2**24, c).astype(np.int64)
+    n = rng.integers(1, 48, c).astype(np.int64)
+    vmax = 128 * int(np.abs(w).max()) + int(np.abs(bias).max())
+    limit = int((2.0 ** 52 - 2.0 ** (int(n.max()) - 1)) // max(vmax, 1))     # |m| below this
+    if edge:
+        m = np.full(c, limit - 1, np.int64) * rng.choice([-1, 1], c)
+        for mm in range(limit - 1, limit + 3):
+            if K.scale_rq_params(w, bias, np.full(c, mm), n) is None:
+                break
+            m[:] = mm
+        assert K.scale_rq_params(w, bias, np.full(c, mm), n) is None
+    else:
+        m = rng.integers(-min(limit, 2**31) + 1, min(limit, 2**31), c).astype(np.int64)
+    p = K.scale_rq_params(w, bias, m, n)
+    assert p is not None
+    zy = int(rng.choice([-128, 127, 0, -5]))
+    lo, hi = _clamp(rng, zy)
+    x = np.tile(np.arange(-128, 128, dtype=np.int8)[:, None], (1, c))
+    got = K.scale_rq_rows_f(x, *p, float(zy), float(lo), float(hi), 0, 256, np.empty_like(x))
+    want = requantize(x.astype(np.int64) * w + bias, m, n, zy, lo, hi)
+    np.testing.assert_array_equal(got, want)

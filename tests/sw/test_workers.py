@@ -135,11 +135,11 @@ def test_conv_engines_equal_contract(threads, engine, case):
     if engine == "no-numba" and depthwise:
         assert rep["c"]["engine"] in ("ort-f32-conv", "blas-f32")
     if engine == "ort":
-        assert rep["c"]["engine"] in (("numba-dw", "numba-lut") if depthwise else
+        assert rep["c"]["engine"] in (("numba-dw", "numba-lut", "numba-affine") if depthwise else
                                       ("ort-u8s8",) if HERE.int8_dot else ("ort-u8u8",))
     if engine == "auto":
-        assert rep["c"]["engine"] in ("numba-dw", "numba-lut", "numba-gemm", "ort-u8u8",
-                                      "ort-u8s8")
+        assert rep["c"]["engine"] in ("numba-dw", "numba-lut", "numba-affine", "numba-gemm",
+                                      "ort-u8u8", "ort-u8s8")
 
 
 def _split_all():
@@ -155,7 +155,8 @@ def _split_all():
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), threads=st.integers(1, 3), stride=st.integers(1, 2))
 def test_depthwise_1x1_table_equals_contract(seed, threads, stride):
-    """A 1x1 depthwise conv (an unfoldable BatchNorm) runs as a per-channel table."""
+    """A 1x1 depthwise conv (an unfoldable BatchNorm) runs in float64 where that is exact
+    (``numba-affine``), else as a per-channel table (half the cases: huge multipliers)."""
     rng = np.random.default_rng(seed)
     c, h, w = int(rng.integers(1, 40)), int(rng.integers(1, 12)), int(rng.integers(1, 12))
     qw = _weights(rng, (c, 1, 1, 1))
@@ -163,13 +164,21 @@ def test_depthwise_1x1_table_equals_contract(seed, threads, stride):
     zx = int(rng.choice([-128, 127, 0, 9]))
     zy = int(rng.choice([-128, 127, -3]))
     lo, hi = _clamp(rng, zy)
-    L = QConv("c", "x", "y", qw, rng.integers(-2**20, 2**20, c).astype(np.int32), m, nn, zx, zy,
+    if rng.random() < 0.5:          # beyond float64's exact range: the table
+        m = np.full(c, 2**31 - 1, np.int64)
+        nn = np.full(c, 40, np.int64)
+    bias = rng.integers(-2**20, 2**20, c).astype(np.int32)
+    if rng.random() < 0.3:
+        bias[:] = rng.choice([-2**20, 2**20 - 1])
+    L = QConv("c", "x", "y", qw, bias, m, nn, zx, zy,
               lo, hi, (stride, stride), (0, 0, 0, 0), (1, 1), c)
     x = _int8(rng, (1, h, w, c))
     want = G.qconv_int_slow(x, L)
     qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
     got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, threads)
-    assert rep["c"]["engine"] == ("numba-lut" if c > 1 else rep["c"]["engine"])
+    if c > 1:
+        exact_f = K.scale_rq_params(qw[:, 0, 0, 0], bias, m, nn) is not None
+        assert rep["c"]["engine"] == ("numba-affine" if exact_f else "numba-lut")
     np.testing.assert_array_equal(got["y"], _cl_to_lg(want))
 
 
