@@ -418,10 +418,18 @@ class Controller(wiring.Component):
         len_n = dreg(range(FETCH_CHUNK + 1), name="prog_len_n")
         len_hi = dreg(name="prog_len_hi")
         len_lo = dreg(_CHUNK_LOG2, name="prog_len_lo")
+        # (the ORs over PROG_LEN's bits are taken in two registered steps, bytes first, at
+        # the same latency: ``prog_len != 0`` in one cycle, 32 inputs, was a placement's
+        # late path, 6.68 ns)
+        nz_parts = dreg(4, name="prog_len_nz_parts")    # byte k of PROG_LEN != 0
+        hi_parts = dreg(4, name="prog_len_hi_parts")    # byte k of PROG_LEN >> 3 != 0
         m.d.sync += [start.eq(self.start), prog_len.eq(self.prog_len), prog_base.eq(self.prog_base),
-                     len_nz.eq(prog_len != 0),
-                     len_n.eq(chunk(prog_len)),
-                     len_hi.eq(prog_len[_CHUNK_LOG2:].any()), len_lo.eq(prog_len[:_CHUNK_LOG2])]
+                     nz_parts.eq(Cat(*(self.prog_len[8 * k:8 * k + 8].any() for k in range(4)))),
+                     hi_parts.eq(Cat(self.prog_len[_CHUNK_LOG2:8].any(),
+                                     *(self.prog_len[8 * k:8 * k + 8].any() for k in range(1, 4)))),
+                     len_nz.eq(nz_parts.any()),
+                     len_n.eq(Mux(hi_parts.any(), FETCH_CHUNK, prog_len[:_CHUNK_LOG2])),
+                     len_hi.eq(hi_parts.any()), len_lo.eq(prog_len[:_CHUNK_LOG2])]
         all_dispatched = Signal()
         m.d.sync += all_dispatched.eq(dispatched == prog_len)
         # the DMA's busy flag (a register there) is registered again here (it crosses the

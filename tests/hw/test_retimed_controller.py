@@ -614,3 +614,30 @@ def test_controller_stop_cases():
                        "stopped & ~dma_busy & ~dma_busy_q &"])
     with pytest.raises(AssertionError, match="cycles after the DMA's last event"):
         _stop_runs(late)
+
+
+def test_controller_prog_len_flags():
+    """What a start loads from PROG_LEN, two cycles after it is written (``prog_len_nz`` =
+    PROG_LEN != 0, ``prog_len_hi`` = PROG_LEN >= FETCH_CHUNK, ``prog_len_n`` =
+    min(PROG_LEN, FETCH_CHUNK), ``prog_len_lo`` = PROG_LEN mod FETCH_CHUNK), computed
+    through registered byte ORs: every single bit, every byte's extremes, random values;
+    the value changes every cycle, so each check also sees that nothing lags."""
+    dut = ctl.Controller(AcceleratorConfig(bus_bits=128), desc_layout(AcceleratorConfig(bus_bits=128)))
+    frag = lib.elaborate(dut)
+    S = lib.finder(frag)
+    nz, hi, n, lo = (S(f"prog_len_{k}", ()) for k in ("nz", "hi", "n", "lo"))
+    rng = random.Random(3)
+    vals = [0, 1, 7, 8, 9, 0xFFFFFFFF] + [1 << b for b in range(32)] + \
+        [0xFF << (8 * k) for k in range(4)] + [rng.getrandbits(rng.randrange(1, 33)) for _ in range(200)]
+
+    async def bench(ctx):
+        hist = []
+        for v in vals + [0, 0]:
+            ctx.set(dut.prog_len, v)
+            if len(hist) >= 2:
+                w = hist[-2]
+                got = (ctx.get(nz), ctx.get(hi), ctx.get(n), ctx.get(lo))
+                assert got == (int(w != 0), int(w >= CH), min(w, CH), w % CH), (hex(w), got)
+            hist.append(v)
+            await ctx.tick()
+    lib.simulate(frag, bench)
