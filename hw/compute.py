@@ -108,40 +108,43 @@ class _Fifo:
             m.d.sync += valid.eq(0)
         return reg, valid
 
-    def head2(self, m, consume, name):
-        """The queue's head in a register ``reg`` fed by a second register ``reg2``, which
-        takes from the queue only while it is empty: the queue's read (its pointer and
-        occupancy flags) is a function of flip-flops only, and ``consume`` (the back end's
-        job end, far from the queue) reaches two flags and the registers' enables, never
-        the queue. ``reg`` loads eagerly (whenever it is empty or consumed) from ``reg2``.
-
-        Timing, per entry i pushed in cycle P(i) and consumed in cycle C(i): ``reg`` shows
-        it from T1(i) = max(P(i) + 4, T1(i-1) + 2, C(i-1) + 1) on (one cycle later than
-        :meth:`head` after a push, and an entry consumed in its first cycle is followed by
-        a one-cycle gap: the back end never ends jobs in three consecutive cycles, see
-        ComputeEngine). Proved against that definition:
-        tests/hw/test_retimed.py::test_fifo_head2_exhaustive."""
+    def head_lazy(self, m, consume, name):
+        """The queue's head behind two registers, popped a cycle late: ``(head, valid,
+        busy)``, where ``head`` / ``valid`` are a 2:1 select of the registers ``reg`` /
+        ``reg2`` and ``busy`` is high while either holds an entry (for idle flags).
+        ``consume`` is only registered (``popped``): a cycle after a consume, ``reg`` still
+        holds the consumed entry and the head is ``reg2`` (the next one, taken from the
+        queue in the consume's cycle); that cycle moves ``reg2`` into ``reg`` and refills
+        ``reg2``. So the queue's read, both registers' enables and their flags are
+        functions of flip-flops (``popped``, the flags, the queue's ``r_rdy``), and the
+        consume's own logic (the back end's job end, far from the queue) ends at one
+        flip-flop. Same timing as :meth:`head` with ``eager``: ``valid`` = an entry pushed
+        >= 3 cycles ago is unconsumed, ``head`` = the oldest (a consume every cycle
+        included). Proved: tests/hw/test_retimed.py::test_fifo_head_lazy_exhaustive."""
         reg = dreg(self.layout, name=name)
         valid = Signal(name=f"{name}_valid")
         reg2 = dreg(self.layout, name=f"{name}2")
         valid2 = Signal(name=f"{name}2_valid")
+        popped = Signal(name=f"{name}_popped")
+        sel2 = Signal(name=f"{name}_sel2")
+        refill = Signal(name=f"{name}_refill")
         take = Signal(name=f"{name}_take")
-        load = Signal(name=f"{name}_load")
-        m.d.comb += [take.eq(self.fifo.r_rdy & ~valid2), self.fifo.r_en.eq(take),
-                     load.eq(valid2 & (~valid | consume))]
-        with m.If(~valid2):
-            m.d.sync += reg2.eq(self.r)
-        with m.If(~valid | consume):
-            m.d.sync += reg.eq(reg2)
-        with m.If(take):
-            m.d.sync += valid2.eq(1)
-        with m.Elif(load):
-            m.d.sync += valid2.eq(0)
-        with m.If(load):
-            m.d.sync += valid.eq(1)
-        with m.Elif(consume):
-            m.d.sync += valid.eq(0)
-        return reg, valid, valid2
+        head = Signal(self.layout, name=f"{name}_head")
+        head_valid = Signal(name=f"{name}_head_valid")
+        busy = Signal(name=f"{name}_busy")
+        m.d.comb += [
+            sel2.eq(popped | ~valid),           # the head is reg2
+            refill.eq(sel2 | ~valid2),          # reg2 moves up or is empty
+            take.eq(self.fifo.r_rdy & refill), self.fifo.r_en.eq(take),
+            head.eq(Mux(sel2, reg2, reg)), head_valid.eq(Mux(sel2, valid2, valid)),
+            busy.eq(valid2 | (valid & ~popped)),
+        ]
+        m.d.sync += popped.eq(consume)
+        with m.If(sel2):
+            m.d.sync += [reg.eq(reg2), valid.eq(valid2)]
+        with m.If(refill):
+            m.d.sync += [reg2.eq(self.r), valid2.eq(self.fifo.r_rdy)]
+        return data.View(self.layout, head), head_valid, busy
 
 
 class ComputeEngine(wiring.Component):
@@ -588,16 +591,13 @@ class ComputeEngine(wiring.Component):
         # waits in a register of its own (``bq``, filled from the queue as soon as there is
         # one), so the loads start at flip-flops, not at the queue's asynchronous
         # distributed-RAM read (the counters' loads were 7.4 ns paths); it is filled long
-        # before the job's first beat, so this costs no cycle. ``bq`` is fed by a second
-        # register (``_Fifo.head2``) that takes from the queue only while empty, so the job
-        # end no longer reaches the queue's read pointer and occupancy (job end -> take ->
-        # ``back_q.occupied`` was the worst path of two placements, 7.4 / 8.0 ns, ~78 %
-        # routing). The cost: after two job ends in consecutive cycles ``bq`` is empty for
-        # a cycle. That never matters: ends in consecutive cycles mean the second job had a
-        # single beat (one pixel, one K tile), and the array starts the next tile at least
-        # ``min_tile_rows`` = 2R + C + 1 >= 5 cycles after that tile, so the next job ends
-        # at least 5 cycles later, when ``bq`` has been refilled for 2 (the co-simulated
-        # ``tail1`` layer ends on two one-beat jobs right behind long ones).
+        # before the job's first beat, so this costs no cycle. ``bq`` is the head of
+        # ``_Fifo.head_lazy``: two registers popped a cycle late, so a job end reaches one
+        # flip-flop there (``bq_popped``), not the queue's read pointer and occupancy (job
+        # end -> take -> ``back_q.occupied`` was the worst path of two placements, 7.4 / 8.0
+        # ns, ~78 % routing) nor a second register's flags (job end -> ``bq2_valid``
+        # enable with a register in between, 7.1 / 8.1 ns); the job registers and counters
+        # load ``bq`` through a 2:1 select from flip-flops.
         m.submodules.accmem = accmem = RegisteredRAM(C * cfg.acc_bits, self.acc_depth)
         assert RAM_READ_LATENCY == 2
 
@@ -616,7 +616,7 @@ class ComputeEngine(wiring.Component):
         last_kt = kt_left[-1]
         job_end = Signal()
         b_load = Signal()
-        bq, bq_valid, bq2_valid = back_q.head2(m, b_load, "bq")
+        bq, bq_valid, bq_busy = back_q.head_lazy(m, b_load, "bq")
         m.d.comb += [job_end.eq(beat & last_p & last_kt),
                      b_load.eq(bq_valid & (~bj_valid | job_end))]
         m.d.comb += [accmem.r_addr.eq(acc_addr), accmem.r_en.eq(beat)]
@@ -748,7 +748,7 @@ class ComputeEngine(wiring.Component):
         idle_q = Signal(); valid_q = Signal()
         m.d.sync += [idle_q.eq(idle), valid_q.eq(self.insn.valid),
                      self.idle.eq(idle_q & ~valid_q & ~self.insn.valid)]
-        m.d.comb += idle.eq(dstate[0] & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy & ~bq_valid & ~bq2_valid
+        m.d.comb += idle.eq(dstate[0] & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy & ~bq_busy
                                  & ~pay_q.fifo.r_rdy
                                  & ~started & ~w_valid & ~bj_valid
                                  & ~afifo.r_rdy & ~h_valid & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)

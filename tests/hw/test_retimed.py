@@ -416,77 +416,65 @@ def test_fifo_head_proof_catches_a_refill_that_waits():
         check_fifo_head(3, cls=bad)
 
 
-def check_fifo_head2(depth, cls=compute._Fifo):
-    """Plain definition of the two-register queue head (``_Fifo.head2``, the back end's
-    ``bq``), per entry i pushed in cycle P(i) and consumed in cycle C(i): the register
-    shows entry i from T1(i) = max(P(i) + 4, T1(i-1) + 2, C(i-1) + 1) until it is
-    consumed (``valid``), and the queue itself holds the entries that have not reached
-    the second register, which entry j does at T2(j) = max(P(j) + 3, T1(j-1) + 1)
-    (``w_rdy`` = fewer than ``depth`` of them). Contract: ``w_en`` only with ``w_rdy``,
-    ``consume`` only with ``valid``, ``w_data`` held in the cycle after a push.
+def check_fifo_head_lazy(depth, cls=compute._Fifo):
+    """Plain definition of the lazily popped queue head (``_Fifo.head_lazy``, the back
+    end's ``bq``): as :func:`check_fifo_head` (``valid`` = an entry pushed >= 3 cycles ago
+    is unconsumed, ``head`` = the oldest), with ``w_rdy`` = fewer than ``depth`` entries
+    outside the two registers. Contract: as there.
 
-    Model state: the ages (capped at 4) of the unconsumed entries, oldest first; ``lb``,
-    whether the oldest may not be shown yet because its predecessor was consumed in its
-    first shown cycle (T1(i-1) + 2 > now); ``va``, how long the oldest has been shown (0
-    not shown, 1 from this cycle, 2 longer); and the queue's take count modulo ``depth``.
-    Then the oldest is shown iff its age >= 4 and not ``lb``; the entry after a shown
-    oldest is in the second register iff its age >= 3 and ``va`` = 2; a not-shown oldest
-    is there iff its age >= 3 (its predecessor was shown before the last cycle)."""
+    Model state: the ages (capped at 3) of the unconsumed entries, oldest first; whether
+    there was a consume in the last cycle (``popped``); how long the oldest has been the
+    head (0 not yet, 1 from this cycle, 2 longer); the queue's take count modulo
+    ``depth``. The registers then follow: the oldest sits in ``reg`` iff it has been the
+    head for more than this cycle and nothing was popped in the last (else, once shown,
+    in ``reg2``); with the oldest in ``reg``, ``reg2`` holds the next iff it was pushed >= 3
+    cycles ago; ``reg`` after a pop holds the entry popped (its flag set)."""
     layout = data.StructLayout({"v": 8})
 
     def build(m):
         q = cls(m, "q", layout, depth)
         consume = Signal(name="consume")
-        reg, valid, valid2 = q.head2(m, consume, "h")
-        return q, consume, reg, valid, valid2
-    frag, (q, consume, reg, valid, valid2) = _wrapped(build)
+        head, valid, busy = q.head_lazy(m, consume, "h")
+        return q, consume, head, valid, busy
+    frag, (q, consume, head, valid, busy) = _wrapped(build)
     ptr = find(frag, "consume", path=("q",))
     prod = find(frag, "produce", path=("q",))
     stored, occupied = find(frag, "stored", path=("q",)), find(frag, "occupied", path=("q",))
-    reg2 = find(frag, "h2")
-    assert registers(frag) == {((), "h"), ((), "h_valid"), ((), "h2"), ((), "h2_valid"),
+    reg, reg2 = find(frag, "h"), find(frag, "h2")
+    v1, v2, popped = find(frag, "h_valid"), find(frag, "h2_valid"), find(frag, "h_popped")
+    assert registers(frag) == {((), "h"), ((), "h_valid"), ((), "h2"), ((), "h2_valid"), ((), "h_popped"),
                                *{(("q",), n) for n in ("stored", "occupied", "produce", "consume", "we_d")}}
 
-    def shown(st):
-        ages, lb, _, _ = st
-        return bool(ages) and ages[0] >= 4 and not lb
+    def shown(ages):
+        return bool(ages) and ages[0] >= 3
 
-    def in_second(st):
-        """Index of the entry in the second register, or None."""
-        ages, _, va, _ = st
-        if shown(st):
-            return 1 if len(ages) > 1 and ages[1] >= 3 and va == 2 else None
-        return 0 if ages and ages[0] >= 3 else None
+    def where_(st):
+        """(oldest in reg, index of the entry in reg2 or None)"""
+        ages, pop, vis, _ = st
+        in1 = not pop and vis == 2
+        if in1:
+            return True, (1 if len(ages) > 1 and ages[1] >= 3 else None)
+        return False, (0 if shown(ages) else None)
 
     def in_fifo(st):
         ages = st[0]
-        k = in_second(st)
-        first = (k + 1) if k is not None else (1 if shown(st) else 0)
-        return ages[first:]
+        in1, k2 = where_(st)
+        skip = (1 if in1 else 0) + (1 if k2 is not None else 0)
+        return ages[skip:]
 
     def inputs(st):
         return [(w, c) for w in (0, 1) for c in (0, 1)
-                if (not w or len(in_fifo(st)) < depth) and (not c or shown(st))]
+                if (not w or len(in_fifo(st)) < depth) and (not c or shown(st[0]))]
 
     def step(st, i):
-        (ages, lb, va, p), (w, c) = st, i
-        n_before = len(in_fifo(st))
-        if c:
-            rest = ages[1:]
-            lb2 = int(va == 1)          # T1(i) + 2 > C(i) + 1 iff consumed in its first cycle
-        else:
-            rest = ages
-            lb2 = 0                     # (lb is at most one cycle long)
-        rest = tuple(min(4, a + 1) for a in rest) + ((1,) if w else ())
-        nxt = (rest, lb2, 0, 0)
-        if shown(nxt):
-            va2 = min(va + 1, 2) if (not c and va) else 1
-        else:
-            va2 = 0
-        nxt = (rest, lb2, va2, 0)
-        takes = n_before + w - len(in_fifo(nxt))
-        assert takes in (0, 1)
-        return (rest, lb2, va2, (p + takes) % depth)
+        (ages, pop, vis, p), (w, c) = st, i
+        rest = ages[1:] if c else ages
+        rest = tuple(min(3, a + 1) for a in rest) + ((1,) if w else ())
+        vis2 = 0 if not shown(rest) else (2 if (not c and vis) else 1)
+        nxt = (rest, c, vis2, 0)
+        takes = len(in_fifo(st)) + w - len(in_fifo(nxt))
+        assert takes in (0, 1), (st, i)
+        return (rest, c, vis2, (p + takes) % depth)
 
     init = ((), 0, 0, 0)
     walk, n_states, n_edges = edge_cover(init, inputs, step)
@@ -497,20 +485,28 @@ def check_fifo_head2(depth, cls=compute._Fifo):
         vals = []           # values of the unconsumed entries, oldest first
         held = 0
         prev_w = 0
+        last_popped = None
         for cyc, (w, c) in enumerate(walk + [(0, 0)]):
-            ages, lb, va, p = st
+            ages, pop, vis, p = st
             v = held if prev_w else rng.randrange(256)
             ctx.set(q.fifo.w_en, w)
             ctx.set(q.w.v, v)
             ctx.set(consume, c)
-            where = f"depth {depth} cycle {cyc}: ages {ages} lb {lb} va {va}"
-            assert ctx.get(valid) == shown(st), where
-            if shown(st):
-                assert ctx.get(reg.v) == vals[0], where
-            k = in_second(st)
-            assert ctx.get(valid2) == (k is not None), where
-            if k is not None:
-                assert ctx.get(reg2) == vals[k], where
+            where = f"depth {depth} cycle {cyc}: ages {ages} popped {pop} shown for {vis}"
+            assert ctx.get(valid) == shown(ages), where
+            if shown(ages):
+                assert ctx.get(head.v) == vals[0], where
+            in1, k2 = where_(st)
+            assert ctx.get(popped) == pop, where
+            assert ctx.get(v1) == int(pop or in1), where
+            if in1:
+                assert ctx.get(reg) == vals[0], where
+            elif pop:
+                assert ctx.get(reg) == last_popped, where
+            assert ctx.get(v2) == (k2 is not None), where
+            if k2 is not None:
+                assert ctx.get(reg2) == vals[k2], where
+            assert ctx.get(busy) == bool(in1 or k2 is not None), where
             fifo = in_fifo(st)
             assert ctx.get(q.fifo.w_rdy) == (len(fifo) < depth), where
             assert ctx.get(ptr) == p, where
@@ -519,7 +515,7 @@ def check_fifo_head2(depth, cls=compute._Fifo):
             assert ctx.get(prod) == (p + sum(a >= 2 for a in fifo)) % depth, where
             await ctx.tick()
             if c:
-                vals.pop(0)
+                last_popped = vals.pop(0)
             if w:
                 vals.append(v)
             held, prev_w = v, w
@@ -530,24 +526,23 @@ def check_fifo_head2(depth, cls=compute._Fifo):
 
 
 @pytest.mark.parametrize("depth", [2, 3, 4])          # the back end's job queue has 3
-def test_fifo_head2_exhaustive(depth):
-    check_fifo_head2(depth)
+def test_fifo_head_lazy_exhaustive(depth):
+    check_fifo_head_lazy(depth)
 
 
-def test_fifo_head2_proof_catches_a_take_while_consumed():
-    # the second register refilled in the cycle it hands over (the plain single-register
-    # timing): the proof's T1 (one cycle gap after a consume in the first cycle) fails
-    bad = mutant(compute._Fifo, "take.eq(self.fifo.r_rdy & ~valid2)",
-                 "take.eq(self.fifo.r_rdy & (~valid2 | load))")
+def test_fifo_head_lazy_proof_catches_a_refill_that_waits_for_the_move():
+    # reg2 refilled only once empty: after a pop it is moved up and refilled a cycle
+    # later, so a consume in two consecutive cycles finds no head
+    bad = mutant(compute._Fifo, "refill.eq(sel2 | ~valid2)", "refill.eq(~valid2)")
     with pytest.raises(AssertionError, match="depth 3"):
-        check_fifo_head2(3, cls=bad)
+        check_fifo_head_lazy(3, cls=bad)
 
 
-def test_fifo_head2_proof_catches_a_load_without_consume():
-    # the head register loads only while empty: a consume leaves it empty for a cycle
-    bad = mutant(compute._Fifo, "load.eq(valid2 & (~valid | consume))", "load.eq(valid2 & ~valid)")
+def test_fifo_head_lazy_proof_catches_a_head_without_the_pop():
+    # the head taken from reg unless it is empty, ignoring the pop: a consumed entry shows again
+    bad = mutant(compute._Fifo, "sel2.eq(popped | ~valid)", "sel2.eq(~valid)")
     with pytest.raises(AssertionError, match="depth 3"):
-        check_fifo_head2(3, cls=bad)
+        check_fifo_head_lazy(3, cls=bad)
 
 
 # ============================================================================ Scratchpad
