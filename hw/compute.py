@@ -85,22 +85,18 @@ class _Fifo:
         self.w = data.View(layout, self.fifo.w_data)
         self.r = data.View(layout, self.fifo.r_data)
 
-    def head(self, m, consume, name, eager=False):
+    def head(self, m, consume, name):
         """The queue's head in a register of its own, ``(reg, valid)``: filled as soon as
         the queue has an entry and refilled as ``consume`` (a signal the caller drives)
         takes it, so whatever loads from it starts at flip-flops, not at the queue's
         asynchronous distributed-RAM read. Proved equal to the plain queue head (three
         cycles after a push): tests/hw/test_retimed.py::test_fifo_head_exhaustive.
-
-        ``eager``: ``reg`` loads whenever it is empty or consumed, whether or not the queue
-        has an entry (what it holds while ``valid`` is low is don't-care), so its wide
-        enable does not wait for the queue's flag (the back end's ``bq``: that enable, from
-        the job-end flags through the take, was an 8.1 ns path, 6.8 of it routing)."""
+        (:meth:`head_lazy` keeps the consume off the queue's read and the enables.)"""
         reg = dreg(self.layout, name=name)
         valid = Signal(name=f"{name}_valid")
         take = Signal(name=f"{name}_take")
         m.d.comb += [take.eq(self.fifo.r_rdy & (~valid | consume)), self.fifo.r_en.eq(take)]
-        with m.If(~valid | consume if eager else take):
+        with m.If(take):
             m.d.sync += reg.eq(self.r)
         with m.If(take):
             m.d.sync += valid.eq(1)
@@ -118,7 +114,7 @@ class _Fifo:
         ``reg2``. So the queue's read, both registers' enables and their flags are
         functions of flip-flops (``popped``, the flags, the queue's ``r_rdy``), and the
         consume's own logic (the back end's job end, far from the queue) ends at one
-        flip-flop. Same timing as :meth:`head` with ``eager``: ``valid`` = an entry pushed
+        flip-flop. Same timing as :meth:`head`: ``valid`` = an entry pushed
         >= 3 cycles ago is unconsumed, ``head`` = the oldest (a consume every cycle
         included). Proved: tests/hw/test_retimed.py::test_fifo_head_lazy_exhaustive."""
         reg = dreg(self.layout, name=name)

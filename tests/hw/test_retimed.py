@@ -306,7 +306,7 @@ def test_credit_proof_catches_a_missed_decrement():
 
 
 # ========================================================================== _Fifo.head
-def check_fifo_head(depth, cls=compute._Fifo, eager=False):
+def check_fifo_head(depth, cls=compute._Fifo):
     """Plain definition of the queue-head register (``_Fifo.head``): ``valid`` = some
     entry pushed at least 3 cycles ago is still unconsumed, and then ``reg`` is the oldest
     unconsumed entry (pushed in cycle t: late write in t + 1, readable in t + 2, in the
@@ -315,16 +315,13 @@ def check_fifo_head(depth, cls=compute._Fifo, eager=False):
     ``consume`` only with ``valid``, ``w_data`` held in the cycle after a push.
 
     Model state: the ages (capped at 3) of the unconsumed entries, oldest first, and the
-    number of takes from the queue modulo ``depth`` (its consume pointer). With ``eager``
-    (the back end's ``bq``) ``reg`` also loads while empty without a take: it is checked
-    only while ``valid``, and its value then is the one a take loaded (every load into a
-    valid register is a take), so the model's state still fixes everything observed."""
+    number of takes from the queue modulo ``depth`` (its consume pointer)."""
     layout = data.StructLayout({"v": 8})
 
     def build(m):
         q = cls(m, "q", layout, depth)
         consume = Signal(name="consume")
-        reg, valid = q.head(m, consume, "h", eager=eager)
+        reg, valid = q.head(m, consume, "h")
         return q, consume, reg, valid
     frag, (q, consume, reg, valid) = _wrapped(build)
     ptr = find(frag, "consume", path=("q",))
@@ -394,18 +391,9 @@ def check_fifo_head(depth, cls=compute._Fifo, eager=False):
     return n_states, n_edges
 
 
-@pytest.mark.parametrize("eager", [False, True])
 @pytest.mark.parametrize("depth", [2, 3, 4])          # the engine's job queues have 3
-def test_fifo_head_exhaustive(depth, eager):
-    check_fifo_head(depth, eager=eager)
-
-
-def test_fifo_head_proof_catches_an_eager_load_without_consume():
-    # an eager head register that reloads only while empty, not as it is consumed: a take
-    # at a consume then leaves the consumed entry in the register
-    bad = mutant(compute._Fifo, "~valid | consume if eager else take", "~valid if eager else take")
-    with pytest.raises(AssertionError, match="depth 3"):
-        check_fifo_head(3, cls=bad, eager=True)
+def test_fifo_head_exhaustive(depth):
+    check_fifo_head(depth)
 
 
 def test_fifo_head_proof_catches_a_refill_that_waits():
