@@ -306,6 +306,48 @@ def test_credit_proof_catches_a_missed_decrement():
 
 
 # ========================================================================== _Fifo.head
+def _queue_regs(frag):
+    """The job queue's own registers (consume / produce pointers, stored / occupied thermometers)."""
+    return tuple(find(frag, n, path=("q",)) for n in ("consume", "produce", "stored", "occupied"))
+
+
+def _check_queue(ctx, q, regs, fifo, p, depth, where):
+    """``w_rdy`` and the queue's registers as the model gives them: ``fifo`` the ages of the
+    entries in the queue itself, ``p`` its consume pointer."""
+    ptr, prod, stored, occupied = regs
+    assert ctx.get(q.fifo.w_rdy) == (len(fifo) < depth), where
+    assert ctx.get(ptr) == p, where
+    assert ctx.get(stored) == therm(sum(a >= 2 for a in fifo)), where
+    assert ctx.get(occupied) == therm(len(fifo)), where
+    assert ctx.get(prod) == (p + sum(a >= 2 for a in fifo)) % depth, where
+
+
+def _drive_queue(frag, q, consume, init, walk, step, depth, check):
+    """Run a queue-head proof: the inputs of ``walk`` (push ``w`` with a random value held
+    a cycle, ``consume`` ``c``), ``check(ctx, st, vals, popped, where)`` before every
+    tick with the model state, the unconsumed values (oldest first) and the last value
+    consumed."""
+    rng = random.Random(depth)
+
+    async def bench(ctx):
+        st, vals, held, prev_w, popped = init, [], 0, 0, None
+        for cyc, (w, c) in enumerate(walk + [(0, 0)]):
+            v = held if prev_w else rng.randrange(256)
+            ctx.set(q.fifo.w_en, w)
+            ctx.set(q.w.v, v)
+            ctx.set(consume, c)
+            check(ctx, st, vals, popped, f"depth {depth} cycle {cyc}: state {st}")
+            await ctx.tick()
+            if c:
+                popped = vals.pop(0)
+            if w:
+                vals.append(v)
+            held, prev_w = v, w
+            st = step(st, (w, c))
+
+    simulate(frag, bench)
+
+
 def check_fifo_head(depth, cls=compute._Fifo):
     """Plain definition of the queue-head register (``_Fifo.head``): ``valid`` = some
     entry pushed at least 3 cycles ago is still unconsumed, and then ``reg`` is the oldest
@@ -324,9 +366,7 @@ def check_fifo_head(depth, cls=compute._Fifo):
         reg, valid = q.head(m, consume, "h")
         return q, consume, reg, valid
     frag, (q, consume, reg, valid) = _wrapped(build)
-    ptr = find(frag, "consume", path=("q",))
-    prod = find(frag, "produce", path=("q",))
-    stored, occupied = find(frag, "stored", path=("q",)), find(frag, "occupied", path=("q",))
+    qregs = _queue_regs(frag)
     assert registers(frag) == {((), "h"), ((), "h_valid"),
                                *{(("q",), n) for n in ("stored", "occupied", "produce", "consume", "we_d")}}
 
@@ -354,40 +394,15 @@ def check_fifo_head(depth, cls=compute._Fifo):
         return (rest, (ptr_ + t) % depth)
 
     walk, n_states, n_edges = edge_cover(((), 0), inputs, step)
-    rng = random.Random(depth)
 
-    async def bench(ctx):
-        st = ((), 0)
-        vals = []           # values of the unconsumed entries, oldest first
-        held = 0
-        prev_w = 0
-        for cyc, (w, c) in enumerate(walk + [(0, 0)]):
-            ages, p = st
-            v = held if prev_w else rng.randrange(256)
-            ctx.set(q.fifo.w_en, w)
-            ctx.set(q.w.v, v)
-            ctx.set(consume, c)
-            where = f"depth {depth} cycle {cyc}: ages {ages}"
-            pv = plain_valid(ages)
-            assert ctx.get(valid) == pv, where
-            if pv:
-                assert ctx.get(reg.v) == vals[0], where
-            in_fifo = ages[1:] if pv else ages
-            assert ctx.get(q.fifo.w_rdy) == (len(in_fifo) < depth), where
-            # the queue's own registers, as the model's state gives them
-            assert ctx.get(ptr) == p, where
-            assert ctx.get(stored) == therm(sum(a >= 2 for a in in_fifo)), where
-            assert ctx.get(occupied) == therm(len(in_fifo)), where
-            assert ctx.get(prod) == (p + sum(a >= 2 for a in in_fifo)) % depth, where
-            await ctx.tick()
-            if c:
-                vals.pop(0)
-            if w:
-                vals.append(v)
-            held, prev_w = v, w
-            st = step(st, (w, c))
-
-    simulate(frag, bench)
+    def check(ctx, st, vals, _, where):
+        ages, p = st
+        pv = plain_valid(ages)
+        assert ctx.get(valid) == pv, where
+        if pv:
+            assert ctx.get(reg.v) == vals[0], where
+        _check_queue(ctx, q, qregs, ages[1:] if pv else ages, p, depth, where)
+    _drive_queue(frag, q, consume, ((), 0), walk, step, depth, check)
     return n_states, n_edges
 
 
@@ -425,9 +440,7 @@ def check_fifo_head_lazy(depth, cls=compute._Fifo):
         head, valid, busy = q.head_lazy(m, consume, "h")
         return q, consume, head, valid, busy
     frag, (q, consume, head, valid, busy) = _wrapped(build)
-    ptr = find(frag, "consume", path=("q",))
-    prod = find(frag, "produce", path=("q",))
-    stored, occupied = find(frag, "stored", path=("q",)), find(frag, "occupied", path=("q",))
+    qregs = _queue_regs(frag)
     reg, reg2 = find(frag, "h"), find(frag, "h2")
     v1, v2, popped = find(frag, "h_valid"), find(frag, "h2_valid"), find(frag, "h_popped")
     assert registers(frag) == {((), "h"), ((), "h_valid"), ((), "h2"), ((), "h2_valid"), ((), "h_popped"),
@@ -466,50 +479,25 @@ def check_fifo_head_lazy(depth, cls=compute._Fifo):
 
     init = ((), 0, 0, 0)
     walk, n_states, n_edges = edge_cover(init, inputs, step)
-    rng = random.Random(depth)
 
-    async def bench(ctx):
-        st = init
-        vals = []           # values of the unconsumed entries, oldest first
-        held = 0
-        prev_w = 0
-        last_popped = None
-        for cyc, (w, c) in enumerate(walk + [(0, 0)]):
-            ages, pop, vis, p = st
-            v = held if prev_w else rng.randrange(256)
-            ctx.set(q.fifo.w_en, w)
-            ctx.set(q.w.v, v)
-            ctx.set(consume, c)
-            where = f"depth {depth} cycle {cyc}: ages {ages} popped {pop} shown for {vis}"
-            assert ctx.get(valid) == shown(ages), where
-            if shown(ages):
-                assert ctx.get(head.v) == vals[0], where
-            in1, k2 = where_(st)
-            assert ctx.get(popped) == pop, where
-            assert ctx.get(v1) == int(pop or in1), where
-            if in1:
-                assert ctx.get(reg) == vals[0], where
-            elif pop:
-                assert ctx.get(reg) == last_popped, where
-            assert ctx.get(v2) == (k2 is not None), where
-            if k2 is not None:
-                assert ctx.get(reg2) == vals[k2], where
-            assert ctx.get(busy) == bool(in1 or k2 is not None), where
-            fifo = in_fifo(st)
-            assert ctx.get(q.fifo.w_rdy) == (len(fifo) < depth), where
-            assert ctx.get(ptr) == p, where
-            assert ctx.get(stored) == therm(sum(a >= 2 for a in fifo)), where
-            assert ctx.get(occupied) == therm(len(fifo)), where
-            assert ctx.get(prod) == (p + sum(a >= 2 for a in fifo)) % depth, where
-            await ctx.tick()
-            if c:
-                last_popped = vals.pop(0)
-            if w:
-                vals.append(v)
-            held, prev_w = v, w
-            st = step(st, (w, c))
-
-    simulate(frag, bench)
+    def check(ctx, st, vals, last_popped, where):
+        ages, pop, vis, p = st
+        assert ctx.get(valid) == shown(ages), where
+        if shown(ages):
+            assert ctx.get(head.v) == vals[0], where
+        in1, k2 = where_(st)
+        assert ctx.get(popped) == pop, where
+        assert ctx.get(v1) == int(pop or in1), where
+        if in1:
+            assert ctx.get(reg) == vals[0], where
+        elif pop:
+            assert ctx.get(reg) == last_popped, where
+        assert ctx.get(v2) == (k2 is not None), where
+        if k2 is not None:
+            assert ctx.get(reg2) == vals[k2], where
+        assert ctx.get(busy) == bool(in1 or k2 is not None), where
+        _check_queue(ctx, q, qregs, in_fifo(st), p, depth, where)
+    _drive_queue(frag, q, consume, init, walk, step, depth, check)
     return n_states, n_edges
 
 
