@@ -531,6 +531,8 @@ def test_pool_densenet_and_resnet_with_numpy_engine():
                 rep = w.engine_report()
             engines = {r["engine"] for r in rep.values()}
             assert ("blas-f32" in engines) == (opts.gemm_engine == "numpy")
+            if name == "densenet121":   # its 62 BatchNorms in float64 (the figure in docs/cpu.md)
+                assert sum(r["engine"] == "numba-affine" for r in rep.values()) == 62
             for k in want:
                 np.testing.assert_array_equal(got[k], want[k], err_msg=f"{name} {opts}")
             if name == "resnet50":  # every residual add fused into the conv before it
