@@ -27,7 +27,7 @@ stream with no bubble once a tile has at least ``2R + C + 1`` pixels.
 Timing model (asserted against RTL in tests): see :func:`dnnfab.sw.compiler.fastmodel.estimate_cycles`.
 """
 
-from amaranth.hdl import Signal, Module, Const, signed, unsigned, Cat, Mux
+from amaranth.hdl import Signal, Module, Const, Value, signed, unsigned, Cat, Mux
 from amaranth.lib import wiring, stream, data
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.fifo import SyncFIFO
@@ -733,21 +733,25 @@ class ComputeEngine(wiring.Component):
         # -------------------------------------------------------------------- idle
         pipe = Signal(RQ_LATENCY + 5)
         m.d.sync += pipe.eq(Cat(b_valid, pipe[:-1]))
-        # registered (it crosses to the controller's run control, an AND of ~60 terms
-        # otherwise on a path between blocks), twice: ``idle`` = the plain idle of two
-        # cycles ago with no instruction offered then or a cycle ago (only an accepted
-        # instruction makes the engine busy, so it is still idle now). The offer from the
-        # controller, across the die, then meets one 3-input gate here, not the 60-term
-        # AND (that route and AND were seed 1's worst path at 150 MHz: 7.39 ns, 5.69 of
-        # it routing).
-        idle = Signal()
-        idle_q = Signal(); valid_q = Signal()
-        m.d.sync += [idle_q.eq(idle), valid_q.eq(self.insn.valid),
-                     self.idle.eq(idle_q & ~valid_q & ~self.insn.valid)]
-        m.d.comb += idle.eq(dstate[0] & ~act_q.fifo.we_d & ~act_q.fifo.r_rdy & ~aj_valid & ~wgt_q.fifo.r_rdy & ~back_q.fifo.r_rdy & ~bq_busy
-                                 & ~pay_q.fifo.r_rdy
-                                 & ~started & ~w_valid & ~bj_valid
-                                 & ~afifo.r_rdy & ~h_valid & ~wfifo.r_rdy & (Cat(*a_rd, *w_rd) == 0)
-                                 & ~array.busy & ~beat & ~b_valid & (pipe == 0) & ~a_done_q
-                                 & (a_ahead == 0) & (w_ahead == 0))
+        # registered (it crosses to the controller's run control), in two stages: the ~60
+        # terms are ANDed in groups of at most 16 bits (two LUT levels) into registers
+        # (``idle_p``), those into ``idle_q``: ``idle_q`` = the plain idle of two cycles
+        # ago (the single 60-term AND into ``idle_q`` was the worst path of seeds 1 and 3 at
+        # 150 MHz: 7.25 / 6.96 ns). ``idle`` = ``idle_q`` with no instruction offered in the
+        # three cycles since (only an accepted instruction makes the engine busy, so it is
+        # still idle now). The offer from the controller, across the die, meets one 4-input
+        # gate here.
+        idle_terms = [dstate[0], ~act_q.fifo.we_d, ~act_q.fifo.r_rdy, ~aj_valid, ~wgt_q.fifo.r_rdy,
+                      ~back_q.fifo.r_rdy, ~bq_busy, ~pay_q.fifo.r_rdy, ~started, ~w_valid, ~bj_valid,
+                      ~afifo.r_rdy, ~h_valid, ~wfifo.r_rdy, ~Cat(*a_rd, *w_rd), ~array.busy,
+                      ~beat, ~b_valid, ~pipe, ~a_done_q, ~a_ahead, ~w_ahead]
+        bits = [b for t in idle_terms for b in Value.cast(t)]
+        groups = [bits[i:i + 16] for i in range(0, len(bits), 16)]
+        idle_p = Signal(len(groups))
+        m.d.sync += [idle_p[i].eq(Cat(*g).all()) for i, g in enumerate(groups)]
+        idle = Signal()           # the plain idle (combinational; for the proofs)
+        m.d.comb += idle.eq(Cat(*bits).all())
+        idle_q = Signal(); valid_q = Signal(); valid_qq = Signal()
+        m.d.sync += [idle_q.eq(idle_p.all()), valid_q.eq(self.insn.valid), valid_qq.eq(valid_q),
+                     self.idle.eq(idle_q & ~valid_qq & ~valid_q & ~self.insn.valid)]
         return m

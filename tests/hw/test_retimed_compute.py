@@ -31,8 +31,8 @@ kernels, strides 1-3, dilation, padding, several channel blocks), every cycle:
   flags of its (K tile, pixel) (loads from flip-flops, ``bq`` / ``bj``);
 * ``room``: no job queue is pushed while full; ``dstate`` is one-hot; ``done_read`` pulses
   when both feeders are done with a ``push_prev`` job (plain release rule with the
-  registered delays); ``idle`` = the plain idle of two cycles ago with no instruction
-  offered two cycles ago or one, never high with work in flight.
+  registered delays); ``idle`` = the plain idle of three cycles ago with no instruction
+  offered three, two or one cycle ago, never high with work in flight.
 """
 
 import itertools
@@ -292,8 +292,7 @@ def run_engine(insns, seed, max_cycles=8000, cls=ComputeEngine, p_valid=1.0):
         release = []        # plain release cycles (both feeders done), per job
         dr = []             # done_read pulses
         dw = 0
-        prev_plain_idle, prev_valid = 1, 0
-        pprev_plain_idle, pprev_valid = 1, 0
+        hist = [(1, 0)] * 3     # (plain idle, offered) one, two, three cycles ago
         quiet = 0
         for t in range(max_cycles):
             where = f"seed {seed} cycle {t}"
@@ -359,13 +358,12 @@ def run_engine(insns, seed, max_cycles=8000, cls=ComputeEngine, p_valid=1.0):
                 dr.append(t)
             dw += ctx.get(dut.done_write)
             idle_out = ctx.get(dut.idle)
-            if t >= 2:  # (from the third cycle: the registers reset to 0)
-                assert idle_out == (pprev_plain_idle & ~pprev_valid & ~prev_valid & 1), \
-                    f"{where}: idle {idle_out}"
+            if t >= 3:  # (from the fourth cycle: the registers reset to 0)
+                want = hist[2][0] and not any(v for _, v in hist)
+                assert idle_out == want, f"{where}: idle {idle_out}"
             pi = ctx.get(plain_idle)
             assert pi or not idle_out, f"{where}: idle shown with work in flight"
-            pprev_plain_idle, pprev_valid = prev_plain_idle, prev_valid
-            prev_plain_idle, prev_valid = pi, valid
+            hist = [(pi, valid)] + hist[:2]
             quiet = quiet + 1 if (k == len(insns) and idle_out) else 0
             if quiet > 20:
                 break
@@ -382,7 +380,7 @@ def run_engine(insns, seed, max_cycles=8000, cls=ComputeEngine, p_valid=1.0):
     return res
 
 
-@pytest.mark.parametrize("seed,n,p_valid", [(1, 24, 1.0), (2, 16, 0.3)])
+@pytest.mark.parametrize("seed,n,p_valid", [(1, 24, 1.0), (2, 16, 0.3), (3, 12, 0.01)])
 def test_compute_engine_retimed_signals(seed, n, p_valid):
     rng = random.Random(seed)
     insns = [gen_insn(rng) for _ in range(n)]
@@ -399,6 +397,17 @@ def test_compute_harness_catches_a_jump_without_its_wait():
     insns = [gen_insn(rng) for _ in range(16)]
     with pytest.raises(AssertionError, match=r"K-tile step"):
         run_engine(insns, 2, cls=bad, p_valid=0.3)
+
+
+def test_compute_harness_catches_an_idle_flag_that_forgets_an_offer():
+    """``idle`` is two registers behind the plain idle: dropping the offer of three cycles
+    ago from its mask shows the engine idle right after it accepted an instruction (sparse
+    offers, so the engine drains between them)."""
+    bad = lib.mutant(ComputeEngine, "idle_q & ~valid_qq & ~valid_q", "idle_q & ~valid_q")
+    rng = random.Random(3)
+    insns = [gen_insn(rng) for _ in range(12)]
+    with pytest.raises(AssertionError, match=r"idle"):
+        run_engine(insns, 3, cls=bad, p_valid=0.01)
 
 
 def test_array_weight_ready_proof_catches_a_missed_inject():

@@ -174,7 +174,7 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
         pops = {k: 0 for k in toks}
         prev = {"rd_v": 0, "rd_hs": 0, "wr_v": 0, "wr_hs": 0, "ci_v": 0, "ci_hs": 0,
                 "busy_plain": 0, "c_idle_plain": 1, "done": 0, "P": 0, "stp": 0, "chan": None,
-                "c_idle_plain2": 1, "ci_v2": 0}
+                "c_idle_plain2": 1, "ci_v2": 0, "c_idle_plain3": 1, "ci_v3": 0}
         fg_hist = [0, 0, 0]                     # fetch_go at t-1, t-2, t-3
         req_beats = delivered = 0
         req_last = 0                            # beats requested by the last cycle's fetch
@@ -399,8 +399,8 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
             put(dut.c_done_read, c_rd)
             put(dut.c_done_write, c_wr)
             # registered, as the real blocks' flags (the DMA's one cycle late, a handover
-            # counts; the compute engine's two: no offer then or a cycle ago)
-            put(dut.c_idle, prev["c_idle_plain2"] & ~prev["ci_v2"] & ~prev["ci_v"] & 1)
+            # counts; the compute engine's three: no offer then or since)
+            put(dut.c_idle, prev["c_idle_plain3"] & ~prev["ci_v3"] & ~prev["ci_v2"] & ~prev["ci_v"] & 1)
             put(dut.dma_busy, prev["busy_plain"] | prev["rd_hs"] | prev["wr_hs"])
             put(dut.fault, fault)
             put(dut.fault_code, fault_code if late else 4)
@@ -432,7 +432,8 @@ def run_controller(bus_bits, programs, seed, *, cls=ctl.Controller, p_rd=0.7, p_
             if ctx.get(insn_take):
                 takes.append(t)
             P = int(P and not fg)
-            prev.update(c_idle_plain2=prev["c_idle_plain"], ci_v2=prev["ci_v"])
+            prev.update(c_idle_plain3=prev["c_idle_plain2"], ci_v3=prev["ci_v2"],
+                        c_idle_plain2=prev["c_idle_plain"], ci_v2=prev["ci_v"])
             prev.update(rd_v=rd_v, rd_hs=rd_hs, wr_v=wr_v, wr_hs=wr_hs, ci_v=ci_v, ci_hs=ci_hs,
                         busy_plain=busy_plain, c_idle_plain=c_idle_plain, done=done, P=P, stp=stp,
                         chan=chan)
