@@ -369,15 +369,24 @@ class _BurstGen(Elaboratable):
         rows_left, rows_last, rows_two, nrl = st.rows_left, st.rows_last, st.rows_two, st.nrl
         planes_left, planes_last = st.planes_left, st.planes_last
 
+        # ``blen - 1`` and ``blen == 1`` candidates as registers (``blen_m1`` needs only
+        # its low bits: a burst is at most MB beats): ``rem_m1`` = (rem - 1) mod 2^w,
+        # ``rem_one`` = rem == 1, ``to4k_m1``, ``to4k_one`` likewise; each next value is a
+        # registered difference above (``rem - MB - 1`` = ``dm``, ``rem - to4k - 1`` =
+        # ``hm``, ``to4k - MB - 1`` = ``em``) or a row's constant. They fed the write
+        # burst queue through a compare and two selects (6.97 ns at 150 MHz).
+        bw = len(self.blen_m1)
+        rem_m1, to4k_m1, len0_m1 = Signal(bw), Signal(bw), Signal(bw)
+        rem_one, to4k_one, len0_one = Signal(), Signal(), Signal()
         row_end = Signal()
         page_end = Signal()                     # not row_end: the burst runs to the 4 KiB boundary
         m.d.comb += [
             row_end.eq(dm[-1] & hm[-1]),
             page_end.eq(em[-1]),
             self.blen.eq(Mux(row_end, rem, Mux(page_end, to4k, MB))),
-            # (the candidates first, selected after: the flags do not wait for a carry chain)
-            self.blen_m1.eq(Mux(row_end, rem - 1, Mux(page_end, to4k - 1, MB - 1))),
-            self.blen_one.eq(Mux(row_end, rem == 1, Mux(page_end, to4k == 1, MB == 1))),
+            # (registered candidates, selected by the flags: no carry chain or compare here)
+            self.blen_m1.eq(Mux(row_end, rem_m1, Mux(page_end, to4k_m1, MB - 1))),
+            self.blen_one.eq(Mux(row_end, rem_one, Mux(page_end, to4k_one, MB == 1))),
             self.addr.eq(cur),
             self.sp.eq(st.sp),
             self.target.eq(st.target),
@@ -391,23 +400,31 @@ class _BurstGen(Elaboratable):
         no = ~nrow_offn
         n_cur, n_rem, n_to4k = Signal(ab), Signal(16), Signal(range(P + 1))
         n_dm, n_hm, n_em = Signal(signed(18)), Signal(signed(18)), Signal(signed(12))
+        n_rem_m1, n_to4k_m1 = Signal(bw), Signal(bw)
+        n_rem_one, n_to4k_one = Signal(), Signal()
         with m.If(~row_end & page_end):
             # to the 4 KiB boundary: the rest of the row starts a page
             m.d.comb += [
                 n_cur.eq(Cat(Const(0, 12), cur[12:] + 1)),
                 n_rem.eq(rem - to4k), n_to4k.eq(P),
                 n_dm.eq(hm - MB), n_hm.eq(hm - P), n_em.eq(P - MB - 1),
+                n_rem_m1.eq(hm[:bw]), n_rem_one.eq(hm == 0),
+                n_to4k_m1.eq((P - 1) % (1 << bw)), n_to4k_one.eq(P == 1),
             ]
         with m.Elif(~row_end):
             m.d.comb += [
                 n_cur.eq(cur + (MB << lb)),
                 n_rem.eq(rem - MB), n_to4k.eq(to4k - MB),
                 n_dm.eq(dm - MB), n_hm.eq(hm), n_em.eq(em - MB),
+                n_rem_m1.eq(dm[:bw]), n_rem_one.eq(dm == 0),
+                n_to4k_m1.eq(em[:bw]), n_to4k_one.eq(em == 0),
             ]
         with m.Else():
             m.d.comb += [
                 n_cur.eq(nrow), n_rem.eq(len0), n_to4k.eq(P - no),
                 n_dm.eq(kd), n_hm.eq(kh + no), n_em.eq((P - MB - 1) - no),
+                n_rem_m1.eq(len0_m1), n_rem_one.eq(len0_one),
+                n_to4k_m1.eq(((P - 1) - no)[:bw]), n_to4k_one.eq(no == P - 1),
             ]
         # at a new row: the flags of the row it opens (``nrl`` is registered ahead)
         n_rows_two = Signal()
@@ -436,6 +453,10 @@ class _BurstGen(Elaboratable):
                 dm.eq(Mux(act, n_dm, ini.dm)),
                 hm.eq(Mux(act, n_hm, ini.hm)),
                 em.eq(Mux(act, n_em, ini.em)),
+                rem_m1.eq(Mux(act, n_rem_m1, (ini.rem - 1)[:bw])),
+                rem_one.eq(Mux(act, n_rem_one, ini.rem == 1)),
+                to4k_m1.eq(Mux(act, n_to4k_m1, (ini.to4k - 1)[:bw])),
+                to4k_one.eq(Mux(act, n_to4k_one, ini.to4k == 1)),
                 # (three adders, selected after: the flags do not wait for a carry chain)
                 st.sp.eq(Mux(act, Mux(row_end, st.sp + rem,
                                       Mux(page_end, st.sp + to4k, st.sp + MB)), ini.sp)),
@@ -460,6 +481,7 @@ class _BurstGen(Elaboratable):
         with m.If(~act):
             m.d.sync += [
                 kd.eq(ini.kd), kh.eq(ini.kh), len0.eq(ini.len0), n1.eq(ini.n1),
+                len0_m1.eq((ini.len0 - 1)[:bw]), len0_one.eq(ini.len0 == 1),
                 n1_one.eq(ini.n1_one), n1_two.eq(ini.n1_two),
                 stride1.eq(ini.stride1), stride2.eq(ini.stride2), st.target.eq(ini.target),
             ]

@@ -49,9 +49,11 @@ def _desc(rng, bb, write, mb):
     len0 = rng.choice([1, 2, 3, mb - 1 or 1, mb, mb + 1, 2 * mb + 1, rng.randint(1, 3 * mb + 2)])
     n1 = rng.choice([1, 1, 2, 3])
     n2 = rng.choice([1, 1, 2])
-    # rows start just before, at or after a 4 KiB boundary
+    # rows start just before, at or after a 4 KiB boundary (P - mb - 1: a full burst, then
+    # a one-beat burst to the boundary)
     page = rng.randrange(1, 1 << 12)
-    addr = page * 4096 + bb * rng.choice([P - 1, P - 2, P - 3, P - len0, 0, 1, rng.randrange(P)]) % (1 << 32)
+    addr = page * 4096 + bb * rng.choice([P - 1, P - 2, P - 3, P - len0, P - mb - 1, 0, 1,
+                                          rng.randrange(P)]) % (1 << 32)
     s1 = bb * rng.choice([len0, len0 + 1, P, P - 1, rng.randrange(len0, 3 * P)])
     s2 = bb * rng.choice([0, P * 2, rng.randrange(1, 4 * P)])
     r = rng.random()
@@ -332,3 +334,15 @@ def test_dma_proof_catches_a_credit_one_too_many():
                      "| (pending == self.w_buffer - 1))")
     with pytest.raises(AssertionError, match=r"pending \d+, credit"):
         run_dma(2, cycles=600, w_buffer=3, max_wr_bursts=2, p_ready=0.5, cls=bad)
+
+
+def test_dma_proof_catches_a_stale_one_beat_flag():
+    # ``blen == 1`` not registered for the one-beat burst that follows a full burst to
+    # one beat before a 4 KiB boundary (the row start P - max_burst - 1)
+    from dnnfab.hw.dma import _BurstGen
+    gen = lib.mutant(_BurstGen, "n_to4k_one.eq(em == 0)", "n_to4k_one.eq(0)")
+    bad = lib.mutant(DMA, _BurstGen=gen)
+    with pytest.raises(AssertionError, match=r"cycle \d+ (wr|rd)_bursts"):
+        for k in range(4):
+            run_dma(5 + 100 * k, cycles=1200, bus_bits=128, max_burst=16, w_buffer=4, max_wr_bursts=4,
+                    p_ready=0.6, cls=bad)
