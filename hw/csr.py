@@ -53,8 +53,8 @@ class CSRBank(wiring.Component):
     data; the two may arrive in either order or the same cycle; once both are held
     ``bvalid`` rises the next cycle, and the write (respecting ``wstrb``) lands the cycle
     after that: before any read the master issues after the B handshake.
-    Read: ``arready`` is high while no read is in flight; ``rvalid`` rises two cycles
-    after the address handshake, with the data captured at the handshake.
+    Read: ``arready`` is high while no read response is pending; ``rvalid`` rises the
+    cycle after the address handshake, with the data captured at the handshake.
     Responses are always OKAY. An unmapped address reads as 0 and ignores writes (OKAY):
     drivers check ``ID`` once rather than every access. Bits ``[1:0]`` of the address are
     ignored; decoding uses ``addr_bits``, so the map aliases every ``2**addr_bits`` bytes.
@@ -132,18 +132,10 @@ class CSRBank(wiring.Component):
             m.d.comb += bytemask[8 * i:8 * i + 8].eq(w_strb[i].replicate(8))
 
         # -- read channel -------------------------------------------------------------
-        # In two registered stages: every cycle, each group of eight word addresses
-        # (``grp``) captures its register selected by the low address bits, so the values
-        # the handshake sees are captured at the handshake; a cycle later ``rdata`` takes
-        # the addressed group. The registers sit all over the die, and one mux over all of
-        # them into ``rdata`` was a late path of three of four placements at 150 MHz
-        # (7.0-7.2 ns). Proof: tests/hw/test_retimed.py::test_csr_write_decode.
-        rd_pend = Signal()
-        m.d.comb += bus.arready.eq(~bus.rvalid & ~rd_pend)
+        m.d.comb += bus.arready.eq(~bus.rvalid)
         do_read = Signal()
         m.d.comb += do_read.eq(bus.arvalid & bus.arready)
-        m.d.sync += rd_pend.eq(do_read)
-        with m.If(rd_pend):
+        with m.If(do_read):
             m.d.sync += bus.rvalid.eq(1)
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += bus.rvalid.eq(0)
@@ -153,37 +145,21 @@ class CSRBank(wiring.Component):
             if r.latch:
                 shadows[r.latch] = Signal(self.regmap[r.latch].width, name=f"{r.latch.lower()}_shadow")
 
-        def value(r):
-            if r.access == "const":
-                return Const(r.reset, 32)
-            if r.access == "pulse":
-                return Const(0, 32)
-            return shadows[r.name] if r.name in shadows else self.port(r.name)
-
-        groups = {}
-        for r in self.regmap:
-            groups.setdefault((r.offset >> 2) >> 3, []).append(r)
-        grp = {g: Signal(32, name=f"rd_grp{g}") for g in groups}
-        for g, regs in groups.items():
-            m.d.sync += grp[g].eq(0)
-            with m.Switch(word(bus.araddr)[:3]):
-                for r in regs:
-                    with m.Case((r.offset >> 2) & 7):
-                        m.d.sync += grp[g].eq(value(r))
-        sel_q = Signal(self.addr_bits - 5)
         with m.If(do_read):
-            m.d.sync += sel_q.eq(word(bus.araddr)[3:])
+            m.d.sync += bus.rdata.eq(0)
             with m.Switch(word(bus.araddr)):
                 for r in self.regmap:
-                    if r.latch:
-                        with m.Case(r.offset >> 2):
+                    with m.Case(r.offset >> 2):
+                        if r.access == "const":
+                            m.d.sync += bus.rdata.eq(r.reset)
+                        elif r.access == "pulse":
+                            pass
+                        elif r.name in shadows:
+                            m.d.sync += bus.rdata.eq(shadows[r.name])
+                        else:
+                            m.d.sync += bus.rdata.eq(self.port(r.name))
+                        if r.latch:
                             m.d.sync += shadows[r.latch].eq(self.port(r.latch))
-        with m.If(rd_pend):
-            m.d.sync += bus.rdata.eq(0)
-            with m.Switch(sel_q):
-                for g in groups:
-                    with m.Case(g):
-                        m.d.sync += bus.rdata.eq(grp[g])
 
         # -- register storage -------------------------------------------------------
         # The address decode is registered (one hit flag per register) together with the
