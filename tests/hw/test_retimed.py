@@ -695,9 +695,11 @@ def check_csr(seed=0, cycles=1500, cls=None):
     from dnnfab.hw.csr import CSRBank, Register, RegisterMap
     regs = [Register("A", 0x0, "rw"), Register("B", 0x4, "rw", width=12, reset=0x5A5),
             Register("EV", 0x8, "w1c", width=8), Register("P", 0xC, "pulse", width=4),
-            Register("S", 0x10, "ro", width=16), Register("K", 0x14, "const", reset=0x1234ABCD),
-            Register("C_LO", 0x18, "ro", latch="C_HI"), Register("C_HI", 0x1C, "ro")]
+            Register("S", 0x10, "ro", width=16), Register("K", 0x44, "const", reset=0x1234ABCD),
+            Register("C_LO", 0x20, "ro", latch="C_HI"), Register("C_HI", 0x3C, "ro")]
     rm = RegisterMap(regs, name="t")
+    # (the map has gaps: two unmapped words read as 0, one between registers, one beyond)
+    unmapped = {"U1": 0x28, "U2": 0x60}
     bank = (cls or CSRBank)(rm, addr_bits=8)
     frag = elaborate(bank)
     bus = bank.bus
@@ -744,9 +746,9 @@ def check_csr(seed=0, cycles=1500, cls=None):
             ctx.set(bus.bready, bready)
             # -- read channel
             ar = rd is None and not ctx.get(bus.rvalid) and (rng.random() < 0.2 or hs_b_at == t - 1)
-            name = rng.choice([r.name for r in regs])
+            name = rng.choice([r.name for r in regs] + list(unmapped))
             ctx.set(bus.arvalid, int(ar))
-            ctx.set(bus.araddr, rm[name].offset)
+            ctx.set(bus.araddr, unmapped[name] if name in unmapped else rm[name].offset)
             ctx.set(bus.rready, 1)
             if ctx.get(bus.rvalid):
                 assert rd is not None
@@ -756,7 +758,7 @@ def check_csr(seed=0, cycles=1500, cls=None):
                 stats["reads"] += 1
                 stats["reads_after_b"] += hs_b_at == t - 1
                 rd = (name, {"A": model["A"], "B": model["B"], "EV": model["EV"], "P": 0, "S": s_val,
-                             "K": 0x1234ABCD, "C_LO": lo_val, "C_HI": shadow}[name])
+                             "K": 0x1234ABCD, "C_LO": lo_val, "C_HI": shadow, "U1": 0, "U2": 0}[name])
                 if name == "C_LO":
                     shadow = hi_val
             # -- the plain model's next cycle: the write lands in the cycle after bvalid rose
