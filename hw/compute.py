@@ -128,14 +128,20 @@ class _Fifo:
         head = Signal(self.layout, name=f"{name}_head")
         head_valid = Signal(name=f"{name}_head_valid")
         busy = Signal(name=f"{name}_busy")
+        # ``both`` = valid & valid2, a register of its own, so the queue's read (``take``,
+        # which also enables the queue's pointer and occupancy) is one gate of three
+        # flip-flops: through ``sel2`` and ``refill`` it was four LUTs and 5.8 ns of routing
+        # from ``valid`` into the occupancy's enables (7.25 ns at 150 MHz)
+        both = Signal(name=f"{name}_both")
         m.d.comb += [
             sel2.eq(popped | ~valid),           # the head is reg2
             refill.eq(sel2 | ~valid2),          # reg2 moves up or is empty
-            take.eq(self.fifo.r_rdy & refill), self.fifo.r_en.eq(take),
+            take.eq(self.fifo.r_rdy & (popped | ~both)), self.fifo.r_en.eq(take),
             head.eq(Mux(sel2, reg2, reg)), head_valid.eq(Mux(sel2, valid2, valid)),
             busy.eq(valid2 | (valid & ~popped)),
         ]
-        m.d.sync += popped.eq(consume)
+        m.d.sync += [popped.eq(consume),
+                     both.eq(Mux(sel2, valid2, valid) & Mux(refill, self.fifo.r_rdy, valid2))]
         with m.If(sel2):
             m.d.sync += [reg.eq(reg2), valid.eq(valid2)]
         with m.If(refill):

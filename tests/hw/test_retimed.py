@@ -443,7 +443,9 @@ def check_fifo_head_lazy(depth, cls=compute._Fifo):
     qregs = _queue_regs(frag)
     reg, reg2 = find(frag, "h"), find(frag, "h2")
     v1, v2, popped = find(frag, "h_valid"), find(frag, "h2_valid"), find(frag, "h_popped")
+    both = find(frag, "h_both")
     assert registers(frag) == {((), "h"), ((), "h_valid"), ((), "h2"), ((), "h2_valid"), ((), "h_popped"),
+                               ((), "h_both"),
                                *{(("q",), n) for n in ("stored", "occupied", "produce", "consume", "we_d")}}
 
     def shown(ages):
@@ -496,6 +498,7 @@ def check_fifo_head_lazy(depth, cls=compute._Fifo):
         if k2 is not None:
             assert ctx.get(reg2) == vals[k2], where
         assert ctx.get(busy) == bool(in1 or k2 is not None), where
+        assert ctx.get(both) == int((pop or in1) and k2 is not None), f"{where}: both"
         _check_queue(ctx, q, qregs, in_fifo(st), p, depth, where)
     _drive_queue(frag, q, consume, init, walk, step, depth, check)
     return n_states, n_edges
@@ -518,6 +521,13 @@ def test_fifo_head_lazy_proof_catches_a_head_without_the_pop():
     # the head taken from reg unless it is empty, ignoring the pop: a consumed entry shows again
     bad = mutant(compute._Fifo, "sel2.eq(popped | ~valid)", "sel2.eq(~valid)")
     with pytest.raises(AssertionError, match="depth 3"):
+        check_fifo_head_lazy(3, cls=bad)
+
+
+def test_fifo_head_lazy_proof_catches_a_stale_both_flag():
+    # ``both`` (valid & valid2, the queue read's own register) missing reg2's refill
+    bad = mutant(compute._Fifo, "& Mux(refill, self.fifo.r_rdy, valid2))", "& valid2)")
+    with pytest.raises(AssertionError, match="both"):
         check_fifo_head_lazy(3, cls=bad)
 
 
