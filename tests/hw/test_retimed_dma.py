@@ -340,7 +340,7 @@ def test_dma_proof_catches_a_stale_one_beat_flag():
     # ``blen == 1`` not registered for the one-beat burst that follows a full burst to
     # one beat before a 4 KiB boundary (the row start P - max_burst - 1)
     from dnnfab.hw.dma import _BurstGen
-    gen = lib.mutant(_BurstGen, "n_to4k_one.eq(em == 0)", "n_to4k_one.eq(0)")
+    gen = lib.mutant(_BurstGen, "n_to4k_one.eq(em[:bw] == 0)", "n_to4k_one.eq(0)")
     bad = lib.mutant(DMA, _BurstGen=gen)
     with pytest.raises(AssertionError, match=r"cycle \d+ (wr|rd)_bursts"):
         for k in range(4):
