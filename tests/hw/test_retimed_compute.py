@@ -400,9 +400,10 @@ def test_compute_harness_catches_a_jump_without_its_wait():
 
 
 def test_compute_harness_catches_an_idle_flag_that_forgets_an_offer():
-    """``idle`` is two registers behind the plain idle: dropping the offer of three cycles
-    ago from its mask shows the engine idle right after it accepted an instruction (sparse
-    offers, so the engine drains between them)."""
+    """``idle`` shows the plain idle of three cycles ago (two register stages, then the
+    output register) masked by the offers since: dropping the oldest offer from the mask
+    shows the engine idle right after it accepted an instruction (sparse offers, so the
+    engine drains between them)."""
     bad = lib.mutant(ComputeEngine, "idle_q & ~valid_qq & ~valid_q", "idle_q & ~valid_q")
     rng = random.Random(3)
     insns = [gen_insn(rng) for _ in range(12)]
