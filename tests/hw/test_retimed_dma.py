@@ -125,7 +125,7 @@ def run_dma(seed, *, cycles=2500, bus_bits=64, max_burst=4, w_buffer=8, max_wr_b
         gen = lib.origin(frag, g)
         regs = {n: S(n, (g,)) for n in ("cur", "rem", "to4k", "dm", "hm", "em", "kd", "kh", "len0", "n1",
                                         "rows_left", "rows_last", "rows_two", "nrl", "planes_left",
-                                        "planes_last", "nrow", "npn", "nrow_offn")}
+                                        "planes_last", "nrow", "npn", "nrow_offn", "row_end")}
         gens[g] = (gen, regs)
     rng = random.Random(seed)
     ab_mask = (1 << cfg.addr_bits) - 1
@@ -174,9 +174,11 @@ def run_dma(seed, *, cycles=2500, bus_bits=64, max_burst=4, w_buffer=8, max_wr_b
             if ctx.get(wc_valid):
                 assert ctx.get(wc_lastbeat) == (ctx.get(wc_left) == 0), f"{where}: wc_lastbeat"
             for g, (gen, r) in gens.items():
+                v = {n: ctx.get(s) for n, s in r.items()}
+                # the registered row end against the signs it stands for, active or not
+                assert v["row_end"] == (v["dm"] < 0 and v["hm"] < 0), f"{where} {g}: row_end {v}"
                 if not ctx.get(gen.active):
                     continue
-                v = {n: ctx.get(s) for n, s in r.items()}
                 gm = models[g]
                 w = f"{where} {g}"
                 assert v["dm"] == v["rem"] - MB - 1 and v["hm"] == v["rem"] - v["to4k"] - 1 \
@@ -346,3 +348,13 @@ def test_dma_proof_catches_a_stale_one_beat_flag():
         for k in range(4):
             run_dma(5 + 100 * k, cycles=1200, bus_bits=128, max_burst=16, w_buffer=4, max_wr_bursts=4,
                     p_ready=0.6, cls=bad)
+
+
+def test_dma_proof_catches_a_row_end_flag_from_the_old_differences():
+    # the registered row end written from the current ``dm`` / ``hm`` instead of their
+    # next values: a cycle late at every row end
+    from dnnfab.hw.dma import _BurstGen
+    gen = lib.mutant(_BurstGen, "row_end.eq(nx_dm[-1] & nx_hm[-1])", "row_end.eq(dm[-1] & hm[-1])")
+    bad = lib.mutant(DMA, _BurstGen=gen)
+    with pytest.raises(AssertionError, match=r"cycle \d+ (wr|rd)_bursts: row_end"):
+        run_dma(3, cycles=600, p_ready=0.7, cls=bad)
