@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Wall time of the CPU workers (dnnfab.sw.cpu.workers.CpuWorkers) at 1 and 2 threads vs
-onnxruntime running the project's exported QDQ int8 model with the same thread count,
-batch 1, side by side in one run.
+"""Wall time of the CPU workers (dnnfab.sw.cpu.workers.CpuWorkers; its thread pool) at 1
+and 2 threads vs onnxruntime running the project's exported QDQ int8 model with the same
+thread count, batch 1, side by side in one run.
 
 Models: digits-cnn, eeg-seizure and the nine ONNX "light" zoo models (weights randomized
 as in tests/sw/models_helper.py; timing does not depend on the values). Each model is
@@ -167,12 +167,15 @@ def main(argv=None):
         conv_macs, fc_macs = _macs(q)
         model = q.export()
         sess = {t: _ort_session(model, t) for t in (1, 2)}
-        workers = {t: CpuWorkers(q, threads=t, options=Options()) for t in (1, 2)}
+        # the thread pool (``Options()`` alone would be the process pool, the default of
+        # run(), whose helpers would then start and calibrate inside the timed rounds)
+        threads_pool = Options(pool="threads")
+        workers = {t: CpuWorkers(q, threads=t, options=threads_pool) for t in (1, 2)}
         # the profile-guided pool: this run's own per-layer profile (1 and 2 threads),
         # layers that were no faster on 2 threads stay whole
         prof = CpuProfile(os.path.join(tmpdir, "cpu_profile.json"))
         prof.measure(q, threads=(1, 2), repeats=3, feed_q=q.quantize_inputs(feed))
-        workers["2p"] = CpuWorkers(q, threads=2, options=Options(), profile=prof)
+        workers["2p"] = CpuWorkers(q, threads=2, options=threads_pool, profile=prof)
         unsplit = sum("note" in r for r in workers["2p"].engine_report().values())
         # a helper process instead of a second thread (Options(pool="processes"))
         workers["proc"] = CpuWorkers(q, threads=2, options=Options(pool="processes"))
@@ -200,6 +203,7 @@ def main(argv=None):
         for _ in range(2 * CALIBRATION_RUNS + CALIBRATION_WARMUP):  # helpers or alone
             fns["workers_2t_processes"]()
         proc_rep = workers["proc"].pool_report()
+        pools = {k: workers[k].pool_report()["kind"] for k in (1, 2, "2p", "proc")}
         ts = {k: [] for k in fns}
         ratios, speedups, ratios_p, speedups_p = [], [], [], []
         for _ in range(args.repeat):
@@ -238,6 +242,7 @@ def main(argv=None):
                    workers_ms_2t_processes=round(med["workers_2t_processes"], 3),
                    speedup_2t_processes_vs_1t=round(statistics.median(speedups_p), 2),
                    ratio_vs_ort_int8_2t_processes=round(statistics.median(ratios_p), 2),
+                   pool_2t=pools[2], pool_2t_profiled=pools["2p"], pool_2t_processes=pools["proc"],
                    processes_ready=procs_ready, processes_slices=proc_slices,
                    processes_mode=proc_rep["mode"],
                    processes_calibration_ms=proc_rep["calibration_ms"],

@@ -125,7 +125,7 @@ def run_dma(seed, *, cycles=2500, bus_bits=64, max_burst=4, w_buffer=8, max_wr_b
         gen = lib.origin(frag, g)
         regs = {n: S(n, (g,)) for n in ("cur", "rem", "to4k", "dm", "hm", "em", "kd", "kh", "len0", "n1",
                                         "rows_left", "rows_last", "rows_two", "nrl", "planes_left",
-                                        "planes_last", "nrow", "npn", "nrow_offn", "row_end")}
+                                        "planes_last", "nrow", "npn", "nrow_offn", "dm_pos", "hm_pos", "em_pos")}
         gens[g] = (gen, regs)
     rng = random.Random(seed)
     ab_mask = (1 << cfg.addr_bits) - 1
@@ -175,8 +175,10 @@ def run_dma(seed, *, cycles=2500, bus_bits=64, max_burst=4, w_buffer=8, max_wr_b
                 assert ctx.get(wc_lastbeat) == (ctx.get(wc_left) == 0), f"{where}: wc_lastbeat"
             for g, (gen, r) in gens.items():
                 v = {n: ctx.get(s) for n, s in r.items()}
-                # the registered row end against the signs it stands for, active or not
-                assert v["row_end"] == (v["dm"] < 0 and v["hm"] < 0), f"{where} {g}: row_end {v}"
+                # the sign copies (the second copy of row_end / page_end) against the state,
+                # active or not
+                assert (v["dm_pos"], v["hm_pos"], v["em_pos"]) == (v["dm"] >= 0, v["hm"] >= 0, v["em"] >= 0), \
+                    f"{where} {g}: sign copies {v}"
                 if not ctx.get(gen.active):
                     continue
                 gm = models[g]
@@ -350,11 +352,11 @@ def test_dma_proof_catches_a_stale_one_beat_flag():
                     p_ready=0.6, cls=bad)
 
 
-def test_dma_proof_catches_a_row_end_flag_from_the_old_differences():
-    # the registered row end written from the current ``dm`` / ``hm`` instead of their
-    # next values: a cycle late at every row end
+def test_dma_proof_catches_a_sign_copy_from_the_old_difference():
+    # the copy of ``hm``'s sign written from the current ``hm`` instead of its next value:
+    # a cycle late wherever the sign changes
     from dnnfab.hw.dma import _BurstGen
-    gen = lib.mutant(_BurstGen, "row_end.eq(nx_dm[-1] & nx_hm[-1])", "row_end.eq(dm[-1] & hm[-1])")
+    gen = lib.mutant(_BurstGen, "hm_pos.eq(~nx_hm[-1])", "hm_pos.eq(~hm[-1])")
     bad = lib.mutant(DMA, _BurstGen=gen)
-    with pytest.raises(AssertionError, match=r"cycle \d+ (wr|rd)_bursts: row_end"):
+    with pytest.raises(AssertionError, match=r"cycle \d+ (wr|rd)_bursts: sign copies"):
         run_dma(3, cycles=600, p_ready=0.7, cls=bad)

@@ -724,6 +724,9 @@ def test_bench_cpu_script_small(tmp_path):
                     "ratio_vs_ort_int8_2t_processes"):
             assert row[key] > 0, key
         assert row["bit_exact"] and row["engine"]
+        # the 2-thread columns are the thread pool, the processes column the helpers
+        assert (row["pool_2t"], row["pool_2t_profiled"], row["pool_2t_processes"]) == \
+            ("threads", "threads", "processes")
         # the helper process prepared and calibrated before the timed rounds
         assert row["processes_ready"] and row["processes_mode"] in ("helpers", "caller")
         assert set(row["processes_calibration_ms"]) == {"helpers", "caller"}
