@@ -379,32 +379,17 @@ class _BurstGen(Elaboratable):
         # ``page_end``), i.e. at most MB <= 2^w: the low ``w`` bits decide, so the flags
         # compare ``w`` bits, not 16-18 (the wider compares were 6.93 ns on a placement).
         bw = len(self.blen_m1)
-        rem_m1, to4k_m1, len0_m1 = (Signal(bw, name=n) for n in ("rem_m1", "to4k_m1", "len0_m1"))
-        rem_one, to4k_one, len0_one = (Signal(name=n) for n in ("rem_one", "to4k_one", "len0_one"))
-        # ``row_end`` (the burst ends its row: ``dm < 0 and hm < 0``) and ``page_end``
-        # (``em < 0``) select every next value below, ~170 loads each; from the signs of
-        # ``dm`` / ``hm`` that fan-out was 7.08 ns at 150 MHz (``dm`` -> ``row_end`` ->
-        # select -> ``rem_m1``). So each flag is made twice: from the state's own sign bits
-        # (``row_end`` / ``page_end``: the address, lengths and scratchpad offset) and from
-        # inverted copies of the sign bits in registers of their own (``row_end_b`` /
-        # ``page_end_b``: the differences and the burst-length candidates), each copy
-        # written with its register. (Inverted, so that synthesis does not merge a copy
-        # with its original. A registered ``row_end`` written from the next values' signs
-        # was tried: its own input, a carry chain, a select and the AND, was 7.29 ns.)
-        # (no reset, like the state they copy; both are 0 at configuration)
-        dm_pos, hm_pos, em_pos = (Signal(name=n, init=1, reset_less=True) for n in ("dm_pos", "hm_pos", "em_pos"))
-        row_end, row_end_b = Signal(name="row_end"), Signal(name="row_end_b")
+        rem_m1, to4k_m1, len0_m1 = Signal(bw), Signal(bw), Signal(bw)
+        rem_one, to4k_one, len0_one = Signal(), Signal(), Signal()
+        row_end = Signal()
         page_end = Signal()                     # not row_end: the burst runs to the 4 KiB boundary
-        page_end_b = Signal()
         m.d.comb += [
             row_end.eq(dm[-1] & hm[-1]),
-            row_end_b.eq(~(dm_pos | hm_pos)),
             page_end.eq(em[-1]),
-            page_end_b.eq(~em_pos),
             self.blen.eq(Mux(row_end, rem, Mux(page_end, to4k, MB))),
             # (registered candidates, selected by the flags: no carry chain or compare here)
-            self.blen_m1.eq(Mux(row_end_b, rem_m1, Mux(page_end_b, to4k_m1, MB - 1))),
-            self.blen_one.eq(Mux(row_end_b, rem_one, Mux(page_end_b, to4k_one, MB == 1))),
+            self.blen_m1.eq(Mux(row_end, rem_m1, Mux(page_end, to4k_m1, MB - 1))),
+            self.blen_one.eq(Mux(row_end, rem_one, Mux(page_end, to4k_one, MB == 1))),
             self.addr.eq(cur),
             self.sp.eq(st.sp),
             self.target.eq(st.target),
@@ -414,39 +399,33 @@ class _BurstGen(Elaboratable):
         # next state if the current burst is consumed: selected by registered flags only
         # the page offset of nrow, inverted, in registers of its own (the three chains of a
         # row start do not load nrow's bits, which also feed its own adder)
-        nrow_offn = Signal(len(off(nrow)), name="nrow_offn")
+        nrow_offn = Signal(len(off(nrow)))
         no = ~nrow_offn
-        # ``hm`` of the next row (``kh + no``, i.e. ``kh`` plus nrow's page offset) in a
-        # register of its own, written with ``nrow`` (the adder between ``nrow_offn`` and
-        # ``hm`` was 6.89 ns at 150 MHz)
-        khno = Signal(signed(18), name="khno", reset_less=True)
-        n_cur, n_rem, n_to4k = Signal(ab, name="n_cur"), Signal(16, name="n_rem"), Signal(range(P + 1), name="n_to4k")
-        n_dm, n_hm, n_em = Signal(signed(18), name="n_dm"), Signal(signed(18), name="n_hm"), Signal(signed(12), name="n_em")
-        n_rem_m1, n_to4k_m1 = Signal(bw, name="n_rem_m1"), Signal(bw, name="n_to4k_m1")
-        n_rem_one, n_to4k_one = Signal(name="n_rem_one"), Signal(name="n_to4k_one")
-        # (the same three cases twice, each selected by its own copy of the flags)
+        n_cur, n_rem, n_to4k = Signal(ab), Signal(16), Signal(range(P + 1))
+        n_dm, n_hm, n_em = Signal(signed(18)), Signal(signed(18)), Signal(signed(12))
+        n_rem_m1, n_to4k_m1 = Signal(bw), Signal(bw)
+        n_rem_one, n_to4k_one = Signal(), Signal()
         with m.If(~row_end & page_end):
             # to the 4 KiB boundary: the rest of the row starts a page
-            m.d.comb += [n_cur.eq(Cat(Const(0, 12), cur[12:] + 1)), n_rem.eq(rem - to4k), n_to4k.eq(P)]
-        with m.Elif(~row_end):
-            m.d.comb += [n_cur.eq(cur + (MB << lb)), n_rem.eq(rem - MB), n_to4k.eq(to4k - MB)]
-        with m.Else():
-            m.d.comb += [n_cur.eq(nrow), n_rem.eq(len0), n_to4k.eq(P - no)]
-        with m.If(~row_end_b & page_end_b):
             m.d.comb += [
+                n_cur.eq(Cat(Const(0, 12), cur[12:] + 1)),
+                n_rem.eq(rem - to4k), n_to4k.eq(P),
                 n_dm.eq(hm - MB), n_hm.eq(hm - P), n_em.eq(P - MB - 1),
                 n_rem_m1.eq(hm[:bw]), n_rem_one.eq(hm[:bw] == 0),
                 n_to4k_m1.eq((P - 1) % (1 << bw)), n_to4k_one.eq(P == 1),
             ]
-        with m.Elif(~row_end_b):
+        with m.Elif(~row_end):
             m.d.comb += [
+                n_cur.eq(cur + (MB << lb)),
+                n_rem.eq(rem - MB), n_to4k.eq(to4k - MB),
                 n_dm.eq(dm - MB), n_hm.eq(hm), n_em.eq(em - MB),
                 n_rem_m1.eq(dm[:bw]), n_rem_one.eq(dm[:bw] == 0),
                 n_to4k_m1.eq(em[:bw]), n_to4k_one.eq(em[:bw] == 0),
             ]
         with m.Else():
             m.d.comb += [
-                n_dm.eq(kd), n_hm.eq(khno), n_em.eq((P - MB - 1) - no),
+                n_cur.eq(nrow), n_rem.eq(len0), n_to4k.eq(P - no),
+                n_dm.eq(kd), n_hm.eq(kh + no), n_em.eq((P - MB - 1) - no),
                 n_rem_m1.eq(len0_m1), n_rem_one.eq(len0_one),
                 n_to4k_m1.eq(((P - 1) - no)[:bw]), n_to4k_one.eq(no == P - 1),
             ]
@@ -468,21 +447,15 @@ class _BurstGen(Elaboratable):
             new_plane.eq(~act | (row_end & rows_last)),
         ]
         n_nrow_v = Signal(ab)
-        nx_dm, nx_hm = Signal(signed(18), name="nx_dm"), Signal(signed(18), name="nx_hm")
-        nx_em = Signal(signed(12), name="nx_em")
-        m.d.comb += [
-            n_nrow_v.eq(Mux(act, Mux(nrl, npn, nrow + stride1), ini.nrow)),
-            nx_dm.eq(Mux(act, n_dm, ini.dm)),
-            nx_hm.eq(Mux(act, n_hm, ini.hm)),
-            nx_em.eq(Mux(act, n_em, ini.em)),
-        ]
+        m.d.comb += n_nrow_v.eq(Mux(act, Mux(nrl, npn, nrow + stride1), ini.nrow))
         with m.If(upd):
             m.d.sync += [
                 cur.eq(Mux(act, n_cur, ini.cur)),
                 rem.eq(Mux(act, n_rem, ini.rem)),
                 to4k.eq(Mux(act, n_to4k, ini.to4k)),
-                dm.eq(nx_dm), hm.eq(nx_hm), em.eq(nx_em),
-                dm_pos.eq(~nx_dm[-1]), hm_pos.eq(~nx_hm[-1]), em_pos.eq(~nx_em[-1]),
+                dm.eq(Mux(act, n_dm, ini.dm)),
+                hm.eq(Mux(act, n_hm, ini.hm)),
+                em.eq(Mux(act, n_em, ini.em)),
                 rem_m1.eq(Mux(act, n_rem_m1, (ini.rem - 1)[:bw])),
                 rem_one.eq(Mux(act, n_rem_one, ini.rem[:bw] == 1)),
                 to4k_m1.eq(Mux(act, n_to4k_m1, (ini.to4k - 1)[:bw])),
@@ -496,7 +469,6 @@ class _BurstGen(Elaboratable):
                     # the row opened is its plane's last: the row after it opens the next plane
                     nrow.eq(n_nrow_v),
                     nrow_offn.eq(~off(n_nrow_v)),
-                    khno.eq(Mux(act, kh + off(Mux(nrl, npn, nrow + stride1)), ini.kh + off(ini.nrow))),
                     npn.eq(Mux(act, Mux(nrl, npn + stride2, npn), ini.npn)),
                     rows_left.eq(Mux(act, Mux(rows_last, n1, rows_left - 1), ini.rows_left)),
                     rows_last.eq(Mux(act, nrl, ini.rows_last)),
