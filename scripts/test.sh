@@ -17,15 +17,23 @@ echo "== installing dnnfab with test extras (pip)"
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
 echo "== running tests"
-args=("$@")
-if [ ${#args[@]} -eq 0 ]; then
-    args=(-m "not slow")
-fi
+check() {   # pytest's exit 5 (nothing collected) is a failure too
+    if [ "$1" -eq 5 ]; then echo "pytest collected no tests (exit 5)"; return 1; fi
+    return "$1"
+}
 set +e
-python3 -m pytest -n 2 --dist loadgroup "${args[@]}"
-rc=$?
-set -e
-if [ $rc -eq 5 ]; then
-    echo "pytest collected no tests (exit 5)"; exit 1
+if [ $# -gt 0 ]; then
+    python3 -m pytest -n 2 --dist loadgroup "$@"
+    check $?; exit $?
 fi
-exit $rc
+# CI selection: everything not marked slow on two workers, then the tests that assert
+# real-time deadlines in wall-clock time alone on the machine (beside the other worker's
+# co-simulations a 40 ms deadline was missed twice in 2,000 frames)
+python3 -m pytest -n 2 --dist loadgroup -m "not slow and not wallclock"
+check $?; rc=$?
+echo "== running the wall-clock real-time tests alone"
+python3 -m pytest -n 0 -m "wallclock and not slow"
+check $?; rc2=$?
+set -e
+[ $rc -ne 0 ] && exit $rc
+exit $rc2

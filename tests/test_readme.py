@@ -113,11 +113,13 @@ def _check_pip_install(cmd):
 
 def _check_test_script(cmd):
     """``bash scripts/test.sh`` runs this suite, so it is checked, not run: bash accepts
-    it and its default selection is the CI one, ``-m "not slow"``."""
+    it and its default selection is the CI one, ``-m "not slow"``, in two passes (the
+    wall-clock real-time tests alone after the rest)."""
     assert cmd == "bash scripts/test.sh"
     script = ROOT / "scripts" / "test.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    assert 'args=(-m "not slow")' in script.read_text()
+    text = script.read_text()
+    assert '-m "not slow and not wallclock"' in text and '-m "wallclock and not slow"' in text
 
 
 CHECKED = {"pip install": _check_pip_install, "bash scripts/test.sh": _check_test_script}

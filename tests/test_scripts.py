@@ -30,6 +30,7 @@ def test_bench_gemm_small():
     assert all(e["gops"] > 0 for e in res["engines"])
 
 
+@pytest.mark.wallclock                 # deadlines in wall-clock time: run alone
 @pytest.mark.xdist_group("realtime")   # real-time runs never side by side
 def test_bench_runtime_small(tmp_path):
     """The real-mode benchmark in small: a plan for this machine run for real, digits-cnn
@@ -45,6 +46,7 @@ def test_bench_runtime_small(tmp_path):
     assert out["runtime_layer_s"] > 0
 
 
+@pytest.mark.wallclock                 # deadlines in wall-clock time: run alone
 @pytest.mark.xdist_group("realtime")   # real-time runs never side by side
 def test_bench_runtime_zoo_small(tmp_path):
     """The benchmark's zoo case in small: squeezenet with eeg-seizure, planned for this

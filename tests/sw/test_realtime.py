@@ -183,6 +183,7 @@ def test_fault_on_layer_k_degrades_the_frame_and_loses_nothing(qgs, samples, kin
 
 
 # ------------------------------------------------------------------ two networks, 1,000 frames
+@pytest.mark.wallclock                 # deadlines in wall-clock time: run alone
 @pytest.mark.xdist_group("realtime")   # real-time runs never side by side
 def test_two_networks_1000_frames_no_miss_no_thread_left(qgs, samples, tmp_path):
     before = threads_now()
@@ -486,6 +487,7 @@ def test_from_schedule_picks_the_mode_by_host(qgs, samples):
         assert rt.mode == "real"
 
 
+@pytest.mark.wallclock                 # deadlines in wall-clock time: run alone
 @pytest.mark.xdist_group("realtime")   # real-time runs never side by side
 def test_scheduled_local_plan_1000_frames_real_no_miss():
     """A plan for this machine (host "local": its CPU workers, launches floored at what the
