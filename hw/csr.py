@@ -145,15 +145,6 @@ class CSRBank(wiring.Component):
             if r.latch:
                 shadows[r.latch] = Signal(self.regmap[r.latch].width, name=f"{r.latch.lower()}_shadow")
 
-        # Each "rw" register is kept twice: its port, placed next to its users all over the
-        # die, and an inverted copy (``<name>_rdn``, written with it from the same decode,
-        # data and mask, never from the port) for the read multiplexer, so a read does not
-        # route from the far end of the die into the multiplexer (the AXI-Lite read data
-        # was a late path on several placements, 6.7-7.2 ns at 150 MHz). Inverted, so
-        # that synthesis does not merge the copy with the port.
-        rcopy = {r.name: Signal(r.width, name=f"{r.port_name}_rdn", init=~r.reset & ((1 << r.width) - 1))
-                 for r in self.regmap if r.access == "rw"}
-
         with m.If(do_read):
             m.d.sync += bus.rdata.eq(0)
             with m.Switch(word(bus.araddr)):
@@ -165,8 +156,6 @@ class CSRBank(wiring.Component):
                             pass
                         elif r.name in shadows:
                             m.d.sync += bus.rdata.eq(shadows[r.name])
-                        elif r.name in rcopy:
-                            m.d.sync += bus.rdata.eq(~rcopy[r.name])
                         else:
                             m.d.sync += bus.rdata.eq(self.port(r.name))
                         if r.latch:
@@ -191,10 +180,8 @@ class CSRBank(wiring.Component):
             wdat = w_data_q[:r.width]
             if r.access == "rw":
                 reg = self.port(r.name)
-                cpy = rcopy[r.name]
                 with m.If(h):
-                    m.d.sync += [reg.eq((reg & ~mask) | (wdat & mask)),
-                                 cpy.eq(~((~cpy & ~mask) | (wdat & mask)))]
+                    m.d.sync += reg.eq((reg & ~mask) | (wdat & mask))
             elif r.access == "w1c":
                 reg = self.port(r.name)
                 setp = getattr(self, r.port_name + "_set")
