@@ -145,21 +145,35 @@ class CSRBank(wiring.Component):
             if r.latch:
                 shadows[r.latch] = Signal(self.regmap[r.latch].width, name=f"{r.latch.lower()}_shadow")
 
+        # The read data as an OR of one-hot gated values, in a balanced tree: a select per
+        # register from the address alone, ANDed with its value. As a case statement,
+        # synthesis made a chain of wide multiplexers in which register values drove
+        # other multiplexers' selects: eleven cells deep from a counter to ``rdata``, a late
+        # path on several placements (6.7-7.35 ns at 150 MHz).
+        terms = []
+        for r in self.regmap:
+            if r.access == "pulse":
+                continue                                # (reads as 0)
+            if r.access == "const":
+                v = Const(r.reset, 32)
+            elif r.name in shadows:
+                v = shadows[r.name]
+            else:
+                v = self.port(r.name)
+            sel = Signal(name=f"rsel_{r.port_name}")
+            m.d.comb += sel.eq(word(bus.araddr) == (r.offset >> 2))
+            terms.append(sel.replicate(32) & v)
+        while len(terms) > 1:
+            terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
+                     for i in range(0, len(terms), 2)]
+        rd_val = Signal(32)
+        m.d.comb += rd_val.eq(terms[0] if terms else 0)
         with m.If(do_read):
-            m.d.sync += bus.rdata.eq(0)
-            with m.Switch(word(bus.araddr)):
-                for r in self.regmap:
-                    with m.Case(r.offset >> 2):
-                        if r.access == "const":
-                            m.d.sync += bus.rdata.eq(r.reset)
-                        elif r.access == "pulse":
-                            pass
-                        elif r.name in shadows:
-                            m.d.sync += bus.rdata.eq(shadows[r.name])
-                        else:
-                            m.d.sync += bus.rdata.eq(self.port(r.name))
-                        if r.latch:
-                            m.d.sync += shadows[r.latch].eq(self.port(r.latch))
+            m.d.sync += bus.rdata.eq(rd_val)
+            for r in self.regmap:
+                if r.latch:
+                    with m.If(word(bus.araddr) == (r.offset >> 2)):
+                        m.d.sync += shadows[r.latch].eq(self.port(r.latch))
 
         # -- register storage -------------------------------------------------------
         # The address decode is registered (one hit flag per register) together with the
