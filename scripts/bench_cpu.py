@@ -171,6 +171,9 @@ def main(argv=None):
         # run(), whose helpers would then start and calibrate inside the timed rounds)
         threads_pool = Options(pool="threads")
         workers = {t: CpuWorkers(q, threads=t, options=threads_pool) for t in (1, 2)}
+        net_plan = workers[1].pool_report()["kind"] == "plan"
+        if net_plan:    # a small network runs as one NetPlan: layer by layer beside it
+            workers["layers"] = CpuWorkers(q, threads=1, options=threads_pool.replace(net_plan=False))
         # the profile-guided pool: this run's own per-layer profile (1 and 2 threads),
         # layers that were no faster on 2 threads stay whole
         prof = CpuProfile(os.path.join(tmpdir, "cpu_profile.json"))
@@ -198,6 +201,8 @@ def main(argv=None):
                "workers_2t_processes": lambda: run_workers(workers["proc"]),
                "ort_int8_1t": lambda: sess[1].run(None, feed),
                "ort_int8_2t": lambda: sess[2].run(None, feed)}
+        if net_plan:
+            fns["workers_1t_layers"] = lambda: run_workers(workers["layers"])
         for fn in fns.values():
             fn()
         for _ in range(2 * CALIBRATION_RUNS + CALIBRATION_WARMUP):  # helpers or alone
@@ -252,7 +257,9 @@ def main(argv=None):
                    engine=heavy.most_common(1)[0][0] if heavy else engines.most_common(1)[0][0],
                    engines=dict(sorted(engines.items())),
                    conv_heavy=conv_macs >= fc_macs, macs=conv_macs + fc_macs,
-                   layers=len(q.layers), bit_exact=exact)
+                   layers=len(q.layers), bit_exact=exact, net_plan=net_plan)
+        if net_plan:
+            row["workers_ms_1t_layers"] = round(med["workers_1t_layers"], 3)
         results.append(row)
         print(f"{name:14s} workers {row['workers_ms_1t']:8.2f} / {row['workers_ms_2t']:8.2f}"
               f" / {row['workers_ms_2t_profiled']:8.2f} ms"

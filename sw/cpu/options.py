@@ -28,6 +28,11 @@ field                  environment variable    meaning
                                                caller, or the caller alone where that
                                                measured faster; see procpool.py) or
                                                ``"threads"`` (one process)
+``net_plan``           ``DNNFAB_NET_PLAN``     a small network (at most
+                                               ``netplan.PLAN_MAX_MACS`` MACs of conv, gemm,
+                                               pool and reshape layers) runs as one prepared
+                                               plan, one numba call per layer (default on;
+                                               ``0`` turns it off: layer by layer)
 =====================  ======================  =============================================
 
 Every setting gives bit-identical results; they change only speed.
@@ -57,6 +62,7 @@ class Options:
     numba: bool = True
     workers: int | None = None
     pool: str = "processes"
+    net_plan: bool = True
 
     def __post_init__(self):
         if self.pool not in POOLS:
@@ -68,6 +74,7 @@ class Options:
         object.__setattr__(self, "threads", int(self.threads))
         object.__setattr__(self, "fast_plan", bool(self.fast_plan))
         object.__setattr__(self, "numba", bool(self.numba))
+        object.__setattr__(self, "net_plan", bool(self.net_plan))
         if self.workers is not None:
             if int(self.workers) < 1:
                 raise ValueError(f"workers must be at least 1, got {self.workers}")
@@ -77,7 +84,7 @@ class Options:
     def from_env(cls, environ=None) -> "Options":
         """The defaults, as the environment sets them (``DNNFAB_THREADS``,
         ``DNNFAB_GEMM_ENGINE``, ``DNNFAB_FAST_PLAN``, ``DNNFAB_NUMBA``, ``DNNFAB_WORKERS``,
-        ``DNNFAB_POOL``)."""
+        ``DNNFAB_POOL``, ``DNNFAB_NET_PLAN``)."""
         env = os.environ if environ is None else environ
         kw = {}
         if env.get("DNNFAB_THREADS"):
@@ -88,7 +95,8 @@ class Options:
             kw["pool"] = env["DNNFAB_POOL"]
         return cls(gemm_engine=env.get("DNNFAB_GEMM_ENGINE", "auto"),
                    fast_plan=env.get("DNNFAB_FAST_PLAN", "1") != "0",
-                   numba=env.get("DNNFAB_NUMBA", "1") != "0", **kw)
+                   numba=env.get("DNNFAB_NUMBA", "1") != "0",
+                   net_plan=env.get("DNNFAB_NET_PLAN", "1") != "0", **kw)
 
     def replace(self, **changes) -> "Options":
         """A copy with ``changes`` (e.g. ``opts.replace(gemm_engine="numpy")``)."""

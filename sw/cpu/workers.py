@@ -57,6 +57,7 @@ from . import reference as R
 from .engines import (CpuFeatures, EngineChoice, U8S8_MAX_K, U8U8_MAX_K, default_workers,
                       is_qlrn, layer_geometry, layer_signature, select_engine)
 from .options import Options
+from .netplan import NetPlan
 from .procpool import ArenaEnv, ProcPool, ProcRun, dependencies, serve
 
 __all__ = ["CpuWorkers", "CpuTaskError"]
@@ -1353,6 +1354,10 @@ class CpuWorkers:
             self._progs[id(L)] = p
         self._steps, self._step_progs, self._fused_into = self._fuse()
         self._shuffles = self._shuffle_chains()
+        # a small network runs whole as one prepared plan (netplan.py) in run()
+        self._plan, self._plan_reason = None, "Options(net_plan=False)"
+        if _prepared is None and options.net_plan:
+            self._plan, self._plan_reason = NetPlan.build(qg, options)
         if _prepared is not None:       # a helper process runs slices, it has no pool
             self._pool = None
             self._finalizer = weakref.finalize(self, lambda: None)
@@ -1367,7 +1372,8 @@ class CpuWorkers:
             self._finalizer = weakref.finalize(self, lambda: None)
         else:
             self._pool = _Pool(self.threads)
-            self._want_procs = options.pool == "processes" and self.threads > 1
+            self._want_procs = options.pool == "processes" and self.threads > 1 and \
+                self._plan is None
             self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._pp)
             self._remote = [self._shareable(s) for s in self._steps]
 
@@ -1524,9 +1530,13 @@ class CpuWorkers:
         return pp.wait_ready(timeout)
 
     def pool_report(self):
-        """{kind: 'threads' | 'processes', threads, helpers: live helper processes, note,
-        last_run: {caller_slices, helper_slices} or None}: how :meth:`run` spreads its
-        work."""
+        """{kind: 'threads' | 'processes' | 'plan', threads, helpers: live helper processes,
+        note, last_run: {caller_slices, helper_slices} or None}: how :meth:`run` spreads its
+        work ('plan': a small network, run whole as one :class:`NetPlan` in the caller)."""
+        if self._plan is not None:
+            return {"kind": "plan", "threads": self.threads, "helpers": 0,
+                    "note": f"small-network plan: {self._plan.macs} MACs, one numba call per layer",
+                    "last_run": None, "mode": "plan", "calibration_ms": {}}
         pp = self._procpool
         live = len(pp.live()) if pp is not None else 0
         note = getattr(self, "_pool_note", None) or (pp.note if pp is not None else None)
@@ -1599,6 +1609,10 @@ class CpuWorkers:
                                   f"{t.name!r} (quantize_inputs first)")
             env.put(t.name, x, "lg")
         self._check_open()
+        if self._plan is not None:
+            with self._lock:
+                self._runs += 1
+                return self._plan.run({t.name: env.lg(t.name) for t in self.qg.inputs})
         with self._lock:
             self._runs += 1
             pp = self._helpers(self._runs > PROC_START_AFTER_RUNS)
@@ -1666,6 +1680,10 @@ class CpuWorkers:
                 rep[L.name]["fused_into"] = self._fused_into[L.name]
             if L.name in self._notes:
                 rep[L.name]["note"] = self._notes[L.name]
+            if self._plan is not None:
+                rep[L.name]["plan"] = ("run() runs the network as one small-network plan "
+                                       f"(netplan.py, {self._plan.macs} MACs): one numba "
+                                       "call per layer")
         for st in self._steps:
             fp = self._step_progs[id(st)]
             if isinstance(fp, _FusedConvProg):

@@ -69,7 +69,9 @@ def _run_workers(qg, feed, threads, options=None, features=None, split=True):
     """Run a graph on the workers (by default with every layer split into slices)."""
     mp = _split_all() if split else None
     try:
-        with W.CpuWorkers(qg, threads=threads, options=options or Options(),
+        # (layer by layer: a small graph would otherwise run as one NetPlan, which
+        # tests/sw/test_netplan.py covers)
+        with W.CpuWorkers(qg, threads=threads, options=(options or Options()).replace(net_plan=False),
                           features=features) as w:
             out = w.run(feed)
             report = w.engine_report()
@@ -724,9 +726,15 @@ def test_bench_cpu_script_small(tmp_path):
                     "ratio_vs_ort_int8_2t_processes"):
             assert row[key] > 0, key
         assert row["bit_exact"] and row["engine"]
+        pools = (row["pool_2t"], row["pool_2t_profiled"], row["pool_2t_processes"])
+        # digits-cnn runs as one small-network plan, whatever the pool; squeezenet does not
+        assert row["net_plan"] == (row["model"] == "digits-cnn")
+        if row["net_plan"]:
+            assert pools == ("plan",) * 3 and row["processes_mode"] == "plan"
+            assert row["workers_ms_1t_layers"] > 0      # the layer-by-layer run beside it
+            continue
         # the 2-thread columns are the thread pool, the processes column the helpers
-        assert (row["pool_2t"], row["pool_2t_profiled"], row["pool_2t_processes"]) == \
-            ("threads", "threads", "processes")
+        assert pools == ("threads", "threads", "processes")
         # the helper process prepared and calibrated before the timed rounds
         assert row["processes_ready"] and row["processes_mode"] in ("helpers", "caller")
         assert set(row["processes_calibration_ms"]) == {"helpers", "caller"}
@@ -750,13 +758,15 @@ def test_pool_equals_reference_on_bundled_models(name):
         fq = q.quantize_inputs({g.inputs[0].name: x[i:i + 1]})
         want = R.run_reference(q, fq)
         for threads in (1, 2):
-            for split in (False, True):
+            for split, plan in ((False, False), (True, False), (False, True)):
                 mp = _split_all() if split else None
                 try:
-                    with W.CpuWorkers(q, threads=threads) as w:
+                    with W.CpuWorkers(q, threads=threads, options=Options(net_plan=plan)) as w:
+                        assert (w._plan is not None) == plan, w._plan_reason
                         got = w.run(fq)
                 finally:
                     if mp is not None:
                         mp.undo()
                 for k in want:
-                    np.testing.assert_array_equal(got[k], want[k], err_msg=f"{name} {threads} {split}")
+                    np.testing.assert_array_equal(got[k], want[k],
+                                                  err_msg=f"{name} {threads} {split} {plan}")
