@@ -8,7 +8,10 @@ layer's binding (views, output allocation, task closures) and an onnxruntime cal
 once -- every tensor's buffer, every layer's weights in the kernel's layout -- so a run is
 the input's layout conversion, one compiled call per layer (:mod:`dnnfab.sw.cpu.kernels`:
 ``conv_rq_dot``, ``gemm_rq_dot``, ``maxpool_cl``, ``avgpool_rows``) and a copy of the
-outputs.
+outputs. A dense conv for which the workers' selector chose an onnxruntime engine (over
+2^17 MACs) keeps it: ``im2col_u8`` into a bound buffer, the engine's session,
+``requant_rows`` (eeg-seizure's first conv: 1.3 M MACs, ~4x faster than the numba dot
+product).
 
 The kernels are the contract's integer arithmetic (int32 dot products of int8 codes, the
 int64 requantize): exact by construction, bit-identical to
@@ -35,6 +38,21 @@ PLAN_MAX_MACS = 1 << 22
 _MAX_K = (1 << 31) // (128 * 128) - 1
 
 
+def _taps(shape, kh, kw, sh, sw, dh, dw, pt, pl, ho, wo):
+    """int32 [N * Ho * Wo * kh * kw]: the flat offset in a channel-last input of ``shape``
+    of each output pixel's taps (in (i, j) order), -1 where a tap falls in the padding."""
+    nb, h, w, c = shape
+    b, oy, ox, i, j = np.meshgrid(np.arange(nb), np.arange(ho), np.arange(wo), np.arange(kh),
+                                  np.arange(kw), indexing="ij")
+    iy, ix = oy * sh + i * dh - pt, ox * sw + j * dw - pl
+    inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+    return np.where(inside, ((b * h + iy) * w + ix) * c, -1).astype(np.int32).reshape(-1)
+
+
+def _gemm_rq(eng, cols, bias, m, n, zy, lo, hi, y2d):
+    _K.requant_rows(eng(cols), bias, m, n, zy, lo, hi, y2d)
+
+
 def _padded_k(k):
     """The dot products' length: K rounded up to a multiple of 64 (16 for K <= 32), where
     LLVM's vectorized int16 loop has no remainder."""
@@ -55,8 +73,11 @@ class NetPlan:
 
     # ------------------------------------------------------------------ build
     @classmethod
-    def build(cls, qg, options=None):
-        """``(plan, None)`` or ``(None, reason)``."""
+    def build(cls, qg, options=None, gemm=None):
+        """``(plan, None)`` or ``(None, reason)``. ``gemm(L, w_kn)``: for a dense conv, a
+        callable ``uint8 [M, K] (x + 128) -> int32 [M, N] (x + 128) @ w_kn`` (the workers'
+        onnxruntime engine, where the selector chose one for ``L``) or None (the numba
+        dot product)."""
         if not _K.AVAILABLE or (options is not None and not options.numba):
             return None, "numba is missing or turned off"
         bufs, steps, macs = {}, [], 0
@@ -117,17 +138,34 @@ class NetPlan:
                 k = kh * kw * c
                 if k > _MAX_K or ho < 1 or wo < 1:
                     return None, f"layer {L.name!r}: K = {k}, output {ho}x{wo}"
+                y = np.empty((n_, ho, wo, cout), np.int8)
+                macs += n_ * ho * wo * k * cout
+                eng = gemm(L, np.ascontiguousarray(
+                    L.qweight.transpose(2, 3, 1, 0).reshape(k, cout))) if gemm and g == 1 else None
+                if eng is not None:
+                    # im2col as uint8 (x + 128), the engine, the requantize with the shift
+                    # folded into the bias: (x + 128) @ w = x @ w + 128 * colsum(w)
+                    cols = np.empty((n_ * ho * wo, k), np.uint8)
+                    bias, m, nn = R._per_channel(cout, L.bias, L.m, L.n)
+                    bias = bias - 128 * L.qweight.astype(np.int64).reshape(cout, -1).sum(1)
+                    src = _taps(x.shape, kh, kw, sh, sw, dh, dw, t, l, ho, wo)
+                    steps.append((_K.im2col_u8, (x.reshape(-1).view(np.uint8), c, src,
+                                                 np.uint8(int(L.zx) + 128), cols.reshape(-1))))
+                    steps.append((_gemm_rq, (eng, cols, bias, m, nn, int(L.zy), int(L.lo),
+                                             int(L.hi), y.reshape(-1, cout))))
+                    bufs[L.output] = (y, "cl")
+                    if macs > PLAN_MAX_MACS:
+                        return None, f"more than {PLAN_MAX_MACS} MACs"
+                    continue
                 wd = np.zeros((cout, kh, kw, c), np.int16)     # block-diagonal when grouped
                 for i in range(g):
                     wd[i * cog:(i + 1) * cog, :, :, i * cig:(i + 1) * cig] = \
                         L.qweight[i * cog:(i + 1) * cog].transpose(0, 2, 3, 1)
                 wt = np.zeros((cout, _padded_k(k)), np.int16)   # zeros beyond K
                 wt[:, :k] = wd.reshape(cout, k)
-                y = np.empty((n_, ho, wo, cout), np.int8)
                 rq = R._per_channel(cout, L.bias, L.m, L.n)
                 steps.append((_K.conv_rq_dot, (x, wt) + rq + (
                     int(L.zx), int(L.zy), int(L.lo), int(L.hi), kh, kw, sh, sw, dh, dw, t, l, y)))
-                macs += n_ * ho * wo * k * cout
             else:
                 pads, ho, wo = pool_geom(L, x)
                 kh, kw = (int(v) for v in L.kernel)

@@ -1357,7 +1357,7 @@ class CpuWorkers:
         # a small network runs whole as one prepared plan (netplan.py) in run()
         self._plan, self._plan_reason = None, "Options(net_plan=False)"
         if _prepared is None and options.net_plan:
-            self._plan, self._plan_reason = NetPlan.build(qg, options)
+            self._plan, self._plan_reason = NetPlan.build(qg, options, gemm=self._plan_gemm)
         if _prepared is not None:       # a helper process runs slices, it has no pool
             self._pool = None
             self._finalizer = weakref.finalize(self, lambda: None)
@@ -1378,6 +1378,12 @@ class CpuWorkers:
             self._remote = [self._shareable(s) for s in self._steps]
 
     # ------------------------------------------------------------------ preparation
+    def _plan_gemm(self, L, w_kn):
+        """The NetPlan's GEMM of dense conv ``L``: the onnxruntime engine the selector chose
+        for it (exact on this machine, see engines.py), or None (the plan's numba dot)."""
+        e = self._progs[id(L)].choice.engine
+        return _matmul_session(w_kn, e) if e in ("ort-u8s8", "ort-u8u8") else None
+
     def _prepare(self, L, t):
         qg, opts = self.qg, self.options
         in_shape = tuple(qg.shape(L.inputs[0])) if L.inputs else ()

@@ -1,6 +1,7 @@
 """The small-network plan (dnnfab.sw.cpu.netplan.NetPlan) against the contract.
 
-* single layers from the workers' strategies (dense / grouped / depthwise / first-layer /
+* single layers from the workers' strategies, dense convs through the plan's numba dot
+  product and through each exact onnxruntime engine of this machine (dense / grouped / depthwise / first-layer /
   long-K convs with every padding, stride and dilation; GEMMs with K up to 4608; max,
   average and global pools), values and weights at the extremes, zero points at the ends:
   bit-identical to the literal contract (sw/ref/golden);
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dnnfab.sw.cpu import engines as E
 from dnnfab.sw.cpu import kernels as K
 from dnnfab.sw.cpu import netplan as NP
 from dnnfab.sw.cpu import reference as R
@@ -30,20 +32,31 @@ from .test_workers import _cl_to_lg, _graph, conv_layer, gemm_layer, pool_layer
 pytestmark = pytest.mark.skipif(not K.AVAILABLE, reason="numba not installed (a dependency)")
 
 
-def _plan(qg):
-    plan, why = NP.NetPlan.build(qg, Options())
+HERE = E.CpuFeatures.detect()
+#: the plan's dense-conv GEMMs: its numba dot product, or an exact onnxruntime engine of
+#: this machine (u8s8 only with int8 dot products)
+GEMMS = [None, "ort-u8u8"] + (["ort-u8s8"] if HERE.int8_dot else [])
+
+
+def _plan(qg, engine=None):
+    gemm = None if engine is None else (lambda L, w_kn: W._matmul_session(w_kn, engine))
+    plan, why = NP.NetPlan.build(qg, Options(), gemm=gemm)
     assert plan is not None, why
     return plan
 
 
+@pytest.mark.parametrize("engine", GEMMS)
 @SETTINGS
 @given(case=conv_layer())
-def test_plan_conv_equals_contract(case):
+def test_plan_conv_equals_contract(engine, case):
     x, L = case
     want = G.qconv_int_slow(x, L)
     qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
-    got = _plan(qg).run({"x": _cl_to_lg(x)})
+    plan = _plan(qg, engine)
+    got = plan.run({"x": _cl_to_lg(x)})
     np.testing.assert_array_equal(got["y"], _cl_to_lg(want))
+    uses_ort = any(fn is K.im2col_u8 for fn, _ in plan.steps)
+    assert uses_ort == (engine is not None and L.groups == 1)
 
 
 @SETTINGS
@@ -136,12 +149,13 @@ def chain(draw):
     return qg, x
 
 
+@pytest.mark.parametrize("engine", GEMMS)
 @SETTINGS
 @given(case=chain())
-def test_plan_chain_equals_reference(case):
+def test_plan_chain_equals_reference(engine, case):
     qg, x = case
     want = R.run_reference(qg, {"x": x})
-    plan = _plan(qg)
+    plan = _plan(qg, engine)
     for _ in range(2):                  # the buffers are bound once: a second run too
         got = plan.run({"x": x})
         assert set(got) == {"y", "c"}
