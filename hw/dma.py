@@ -842,23 +842,11 @@ class DMA(wiring.Component):
 
         # -- AW channel
         aw_load = Signal()
-        aw_go = Signal()
-        # ``aw_idle`` = ~``agw.active``: the AW channel's copy of the generator's flag
-        # (inverted, so that synthesis keeps it apart), set and cleared with it. The AW
-        # load and both FIFOs' writes start at the copy: the generator's own flag selects its
-        # ~200 next values and sits among them, and ``active`` -> ``aw_load`` -> the burst
-        # queue's occupancy enables was 7.02 ns (5.79 routing) on a placement at 150 MHz.
-        aw_idle = Signal(init=1)
-        with m.If(agw.start):
-            m.d.sync += aw_idle.eq(0)
-        with m.Elif(agw.abort | (~aw_idle & aw_go & agw.last)):
-            m.d.sync += aw_idle.eq(1)
         m.d.comb += [
             # (wbq holds no more entries than bfifo: a burst leaves wbq before its W data, and
             # its B comes after them, so bfifo's room implies wbq's)
-            aw_go.eq(bfifo.w_rdy & (~bus.awvalid | bus.awready)),
-            agw.next.eq(agw.active & aw_go),
-            aw_load.eq(~aw_idle & aw_go & ~err_wr),
+            agw.next.eq(agw.active & bfifo.w_rdy & (~bus.awvalid | bus.awready)),
+            aw_load.eq(agw.next & ~err_wr),
             agw.abort.eq(err_wr),
             bus.awid.eq(0),
             bus.awsize.eq(lb),
