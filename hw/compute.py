@@ -97,7 +97,9 @@ class _Fifo:
         take = Signal(name=f"{name}_take")
         m.d.comb += [take.eq(self.fifo.r_rdy & (~valid | consume)), self.fifo.r_en.eq(take)]
         with m.If(take):
-            m.d.sync += [reg.eq(self.r), valid.eq(1)]
+            m.d.sync += reg.eq(self.r)
+        with m.If(take):
+            m.d.sync += valid.eq(1)
         with m.Elif(consume):
             m.d.sync += valid.eq(0)
         return reg, valid
@@ -139,7 +141,7 @@ class _Fifo:
             busy.eq(valid2 | (valid & ~popped)),
         ]
         m.d.sync += [popped.eq(consume),
-                     both.eq(head_valid & Mux(refill, self.fifo.r_rdy, valid2))]
+                     both.eq(Mux(sel2, valid2, valid) & Mux(refill, self.fifo.r_rdy, valid2))]
         with m.If(sel2):
             m.d.sync += [reg.eq(reg2), valid.eq(valid2)]
         with m.If(refill):

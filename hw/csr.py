@@ -151,7 +151,6 @@ class CSRBank(wiring.Component):
         # other multiplexers' selects: eleven cells deep from a counter to ``rdata``, a late
         # path on several placements (6.7-7.35 ns at 150 MHz).
         terms = []
-        rsel = {}                    # register name -> its read select (from the address)
         for r in self.regmap:
             if r.access == "pulse":
                 continue                                # (reads as 0)
@@ -161,7 +160,7 @@ class CSRBank(wiring.Component):
                 v = shadows[r.name]
             else:
                 v = self.port(r.name)
-            sel = rsel[r.name] = Signal(name=f"rsel_{r.port_name}")
+            sel = Signal(name=f"rsel_{r.port_name}")
             m.d.comb += sel.eq(word(bus.araddr) == (r.offset >> 2))
             terms.append(sel.replicate(32) & v)
         while len(terms) > 1:
@@ -173,7 +172,7 @@ class CSRBank(wiring.Component):
             m.d.sync += bus.rdata.eq(rd_val)
             for r in self.regmap:
                 if r.latch:
-                    with m.If(rsel[r.name]):       # (a latching register is readable)
+                    with m.If(word(bus.araddr) == (r.offset >> 2)):
                         m.d.sync += shadows[r.latch].eq(self.port(r.latch))
 
         # -- register storage -------------------------------------------------------

@@ -379,8 +379,8 @@ class _BurstGen(Elaboratable):
         # ``page_end``), i.e. at most MB <= 2^w: the low ``w`` bits decide, so the flags
         # compare ``w`` bits, not 16-18 (the wider compares were 6.93 ns on a placement).
         bw = len(self.blen_m1)
-        rem_m1, to4k_m1, len0_m1 = (Signal(bw, name=n) for n in ("rem_m1", "to4k_m1", "len0_m1"))
-        rem_one, to4k_one, len0_one = (Signal(name=n) for n in ("rem_one", "to4k_one", "len0_one"))
+        rem_m1, to4k_m1, len0_m1 = Signal(bw), Signal(bw), Signal(bw)
+        rem_one, to4k_one, len0_one = Signal(), Signal(), Signal()
         row_end = Signal()
         page_end = Signal()                     # not row_end: the burst runs to the 4 KiB boundary
         m.d.comb += [
@@ -399,12 +399,12 @@ class _BurstGen(Elaboratable):
         # next state if the current burst is consumed: selected by registered flags only
         # the page offset of nrow, inverted, in registers of its own (the three chains of a
         # row start do not load nrow's bits, which also feed its own adder)
-        nrow_offn = Signal(len(off(nrow)), name="nrow_offn")
+        nrow_offn = Signal(len(off(nrow)))
         no = ~nrow_offn
-        n_cur, n_rem, n_to4k = Signal(ab, name="n_cur"), Signal(16, name="n_rem"), Signal(range(P + 1), name="n_to4k")
-        n_dm, n_hm, n_em = Signal(signed(18), name="n_dm"), Signal(signed(18), name="n_hm"), Signal(signed(12), name="n_em")
-        n_rem_m1, n_to4k_m1 = Signal(bw, name="n_rem_m1"), Signal(bw, name="n_to4k_m1")
-        n_rem_one, n_to4k_one = Signal(name="n_rem_one"), Signal(name="n_to4k_one")
+        n_cur, n_rem, n_to4k = Signal(ab), Signal(16), Signal(range(P + 1))
+        n_dm, n_hm, n_em = Signal(signed(18)), Signal(signed(18)), Signal(signed(12))
+        n_rem_m1, n_to4k_m1 = Signal(bw), Signal(bw)
+        n_rem_one, n_to4k_one = Signal(), Signal()
         with m.If(~row_end & page_end):
             # to the 4 KiB boundary: the rest of the row starts a page
             m.d.comb += [
