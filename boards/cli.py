@@ -131,7 +131,7 @@ def cmd_synth(args):
             task = prog.add_task(f"synth sweep on {board.id} ({args.jobs or 'all'} jobs)",
                                  total=len(overrides))
             results = sweep(cfg, board, overrides, top=top, jobs=args.jobs, seed=args.seed, placer=args.placer,
-                            pnr_timeout=args.pnr_timeout,
+                            pnr_timeout=args.pnr_timeout, tmg_ripup=False if args.no_tmg_ripup else None,
                             use_cache=not args.no_cache, check=not args.no_check,
                             on_done=lambda r: prog.advance(task))
         if args.json:
@@ -145,7 +145,7 @@ def cmd_synth(args):
     with con.status(f"synth {board.id}: starting") as status:
         res = synthesize(cfg, board, top, seed=args.seed, seeds=seeds, placer=args.placer,
                          use_cache=not args.no_cache, check=not args.no_check, jobs=args.jobs,
-                         pnr_timeout=args.pnr_timeout,
+                         pnr_timeout=args.pnr_timeout, tmg_ripup=False if args.no_tmg_ripup else None,
                          progress=lambda s: status.update(f"synth {board.id}: {s}"))
     if args.json:
         print(json.dumps(res, indent=2))
@@ -181,6 +181,9 @@ def register(sub):
                         "is skipped)")
     p.add_argument("--placer", choices=("heap", "static", "sa"), default=None,
                    help="nextpnr placer (default: static on the ECP5, heap on the iCE40)")
+    p.add_argument("--no-tmg-ripup", action="store_true",
+                   help="route without nextpnr's timing-driven rip-up (on by default on the ECP5: "
+                        "faster routing, usually a lower Fmax)")
     p.add_argument("--no-cache", action="store_true", help="ignore cached results")
     p.add_argument("--no-check", action="store_true",
                    help="skip the analytical fit check (synthesize anyway)")

