@@ -753,7 +753,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
                     step(f"{_PNR[board.family]} place & route @ {freq:g} MHz, seeds "
                          f"{', '.join(map(str, seeds))}")
                     seed, report, seed_runs = _pnr_seeds(board, freq, seeds, placer, extra, work, jobs,
-                                                         step, pnr_timeout)
+                                                         step, pnr_timeout, tmg_ripup)
                     fmax = next(s["fmax_mhz"] for s in seed_runs if s["seed"] == seed)
                     # synth.sh reproduces the kept placement
                     write_constraints(cfg, board, work, module=module, seed=seed, placer=placer,
