@@ -52,8 +52,9 @@ Direct engines:
     ``Options.gemm_engine="auto"`` only, ``"ort"`` keeps them on onnxruntime): int8
     products summed in int32 in a numba loop (|sum| <= 128 * 128 * K < 2^31 for
     K <= 131071), requantize fused in int64: exact by integer arithmetic.
-``numpy-max``
-    max pool: numpy ``maximum`` over the window taps (int8, exact).
+``numba-max``, ``numpy-max``
+    max pool: a numba loop over the window taps, or numpy ``maximum`` over them without
+    numba (int8, exact).
 ``numba-pool``, ``numba-lut``
     average pool and table-driven add / concat / rescale / LUT in numba loops, integer
     arithmetic (tables hold the contract's int64 formula for every input code).
@@ -273,6 +274,9 @@ def select_engine(L, in_shape, features, options=None, numba=True, ort=True):
             return EngineChoice("numba-gemm", f"{macs} MACs: an onnxruntime call would cost "
                                 "more; int32 sums in a numba loop (exact, K <= 131071)")
         return select_gemm_engine(k, features, options, ort, _wmax(L))
+    if op == "maxpool" and numba and len(in_shape) == 4:
+        return EngineChoice("numba-max", "window maximum tap by tap in a numba loop on bands "
+                            "of output rows (vectorized over channels); exact on int8")
     if op == "maxpool" and len(in_shape) == 4:
         return EngineChoice("numpy-max", "window maximum as numpy ufuncs on bands of output "
                             "rows (vectorized, GIL released); exact on int8")

@@ -44,7 +44,7 @@ __all__ = ["AVAILABLE", "plan_prod_f32", "plan_scatter", "plan_gather_u8", "plan
            "dwconv", "avgpool", "lut1", "lut2", "dwconv_rows",
            "avgpool_rows", "lut1_range", "lut1_rows", "scale_rq_rows_f", "lut2_range", "lrn_rows", "rq_float_params", "requant_rows_f",
            "requant_rows_perm_f", "requant_add_f", "requant_add_perm_f",
-           "conv_rq_dot", "gemm_rq_dot", "maxpool_cl", "im2col_u8"]
+           "conv_rq_dot", "gemm_rq_dot", "maxpool_cl", "maxpool_rows", "im2col_u8"]
 
 try:
     import numba  # noqa: F401
@@ -645,29 +645,43 @@ if AVAILABLE:
         return out
 
     @njit(**_jit)
-    def maxpool_cl(x, kh, kw, sh, sw, dh, dw, pt, pl, out):
-        """Max pool, channel-last int8 [N, H, W, C] -> [N, Ho, Wo, C]; taps outside the
-        input are skipped (the contract pads with -128, which never wins a max)."""
+    def maxpool_rows(x, kh, kw, sh, sw, dh, dw, pt, pl, oy0, oy1, out):
+        """Max pool, channel-last int8 [N, H, W, C] -> output rows [oy0, oy1) of [N, Ho,
+        Wo, C]; taps outside the input are skipped (the contract pads with -128, which
+        never wins a max; a window wholly outside gives -128 either way). Tap by tap over
+        an output row (the inner loop vectorizes over channels): measured 2.0-2.8x faster
+        than numpy ``maximum`` over the taps with 64-480 channels, equal with 24."""
         nb, h, wd, c = x.shape
-        _, ho, wo, _ = out.shape
+        wo = out.shape[2]
         for b in range(nb):
-            for oy in range(ho):
-                for ox in range(wo):
-                    for ch in range(c):
-                        out[b, oy, ox, ch] = -128
-                    for i in range(kh):
-                        iy = oy * sh + i * dh - pt
-                        if iy < 0 or iy >= h:
-                            continue
-                        for j in range(kw):
+            for oy in range(oy0, oy1):
+                orow = out[b, oy]
+                orow[:, :] = -128
+                for i in range(kh):
+                    iy = oy * sh + i * dh - pt
+                    if iy < 0 or iy >= h:
+                        continue
+                    xr = x[b, iy]
+                    for j in range(kw):
+                        ox0 = 0                 # the output columns whose tap is inside
+                        while ox0 < wo and ox0 * sw + j * dw - pl < 0:
+                            ox0 += 1
+                        ox1 = wo
+                        while ox1 > ox0 and (ox1 - 1) * sw + j * dw - pl >= wd:
+                            ox1 -= 1
+                        for ox in range(ox0, ox1):
                             ix = ox * sw + j * dw - pl
-                            if ix < 0 or ix >= wd:
-                                continue
                             for ch in range(c):
-                                v = x[b, iy, ix, ch]
-                                if v > out[b, oy, ox, ch]:
-                                    out[b, oy, ox, ch] = v
+                                a = xr[ix, ch]
+                                o = orow[ox, ch]
+                                orow[ox, ch] = a if a > o else o
         return out
+
+    @njit(**_jit)
+    def maxpool_cl(x, kh, kw, sh, sw, dh, dw, pt, pl, out):
+        """Max pool, channel-last int8 [N, H, W, C] -> [N, Ho, Wo, C] (all rows of
+        :func:`maxpool_rows`)."""
+        return maxpool_rows(x, kh, kw, sh, sw, dh, dw, pt, pl, 0, out.shape[1], out)
 
     @njit(**_jit)
     def im2col_u8(xu, c, src, zu, out):

@@ -472,8 +472,21 @@ class _FusedConvProg(_Prog):
         self.base, self.src, self.add, self.other, self.first = base, src, add, other, first
         self.output, self.fused = output, fused
         self.split, self.slices, self.big = base.split, base.slices, base.big
+        self.engines, self.rq = base.engines, base.rq
         if src is not None:
             self.src = np.ascontiguousarray(src, dtype=np.int64)
+            if base.mode in ("dense", "blockdiag") and base.split != "channels":
+                # the shuffle folded into the weights: the GEMM makes the accumulators in
+                # shuffled order, and the requantize reads them in place (no gather per
+                # element; ShuffleNet's 16 shuffled convs, sessions of their own)
+                L, s = base.L, self.src
+                self.engines = [base._engine(np.ascontiguousarray(base.w_kn[:, s]))
+                                for _ in base.parts]
+                cout, cig, kh, kw = L.qweight.shape
+                self.rq = _Rq(base.bias[s], base.m_[s], base.n_[s], L.zy, L.lo, L.hi,
+                              cig * kh * kw * 128 * 128 +
+                              int(np.abs(L.bias.astype(np.int64)).max(initial=0)))
+                self.src = None
         if add is not None:
             self.addp = (bool(first), int(add.k[0]), int(add.z[0]), int(add.k[1]), int(add.z[1]),
                          int(add.m), int(add.n), int(add.zy), int(add.lo), int(add.hi))
@@ -483,24 +496,27 @@ class _FusedConvProg(_Prog):
         x = env.cl(L.input)
         y = env.empty(b.oshape, np.int8)
         cout = b.oshape[3]
-        rq = b.rq
+        rq = self.rq
         other = None if self.add is None else np.ascontiguousarray(env.cl(self.other))
         tasks = []
         if b.split == "channels":      # add only (no permutation): column ranges
             y2, o2 = y.reshape(-1, cout), other.reshape(-1, cout)
             ho = b.oshape[1]
-            for (c0, c1), eng in zip(b.parts, b.engines):
+            for (c0, c1), eng in zip(b.parts, self.engines):
                 def t(c0=c0, c1=c1, eng=eng):
                     rq.add(eng(b._cols(x, 0, ho)), o2[:, c0:c1], self.addp, y2[:, c0:c1], c0, c1)
                 tasks.append(t)
             return [tasks], lambda: env.put(self.output, y, "cl")
-        for (oy0, oy1), eng in zip(b.parts, b.engines):
+        for (oy0, oy1), eng in zip(b.parts, self.engines):
             def t(chunks=b._chunks(oy0, oy1), eng=eng):
                 for oy0, oy1 in chunks:
                     acc = b._acc(eng, x, oy0, oy1)
                     out = y[0, oy0:oy1].reshape(-1, cout)
                     if other is None:
-                        rq.perm(acc, self.src, out)
+                        if self.src is None:
+                            rq.rows(acc, out)
+                        else:
+                            rq.perm(acc, self.src, out)
                     else:
                         rq.add(acc, other[0, oy0:oy1].reshape(-1, cout), self.addp, out,
                                src=self.src)
@@ -714,9 +730,9 @@ class _Dw1x1Prog(_Prog):
 
 
 class _PoolProg(_Prog):
-    """Max / average pool on bands of output rows: max pool as numpy ``maximum`` over the
-    window taps of the band (padding -128 never wins; the ufuncs release the GIL and
-    vectorize), average pool in the numba kernel."""
+    """Max / average pool on bands of output rows, in numba kernels (``maxpool_rows``,
+    ``avgpool_rows``); without numba, max pool as numpy ``maximum`` over the window taps of
+    the band (padding -128 never wins; the ufuncs release the GIL and vectorize)."""
 
     def __init__(self, L, choice, shape_cl, threads):
         super().__init__(L, choice)
@@ -725,6 +741,7 @@ class _PoolProg(_Prog):
         self.oshape = (n_, ho, wo, c)
         geo = (int(L.kernel[0]), int(L.kernel[1]), int(L.stride[0]), int(L.stride[1]),
                int(L.dilation[0]), int(L.dilation[1]), int(self.pads[0]), int(self.pads[1]))
+        self.geo = geo
         if L.op == "avgpool":
             m = np.ascontiguousarray(np.broadcast_to(L.m, (ho, wo)), dtype=np.int64)
             nn = np.ascontiguousarray(np.broadcast_to(L.n, (ho, wo)), dtype=np.int64)
@@ -761,7 +778,10 @@ class _PoolProg(_Prog):
     def bind(self, env):
         x = env.cl(self.L.input)
         y = env.empty(self.oshape, np.int8)
-        if self.L.op == "maxpool":
+        if self.choice.engine == "numba-max":
+            tasks = [lambda a=a, b=b: _K.maxpool_rows(x, *self.geo, a, b, y)
+                     for a, b in self.parts]
+        elif self.L.op == "maxpool":
             tasks = [lambda a=a, b=b: self._max_band(x, a, b, y) for a, b in self.parts]
         else:
             tasks = [lambda a=a, b=b: _K.avgpool_rows(x, *self.args, a, b, y)
@@ -1412,7 +1432,7 @@ class CpuWorkers:
                     return _GemmConvProg(L, choice, shape_cl, t, self._two)
         if L.op == "gemm" and e in ("ort-u8s8", "ort-u8u8", "blas-f32"):
             return _GemmProg(L, choice, in_shape, t, self._two)
-        if e in ("numba-pool", "numpy-max"):
+        if e in ("numba-pool", "numba-max", "numpy-max"):
             return _PoolProg(L, choice, _shape_cl(in_shape), t)
         if e == "numba-lut" and L.op == "add" and \
                 tuple(qg.shape(L.inputs[0])) == tuple(qg.shape(L.inputs[1])):

@@ -296,13 +296,17 @@ def pool_layer(draw):
 
 
 @SETTINGS
-@given(case=pool_layer(), threads=st.integers(1, 3))
-def test_pool_engines_equal_contract(case, threads):
+@given(case=pool_layer(), threads=st.integers(1, 3), numba=st.booleans())
+def test_pool_engines_equal_contract(case, threads, numba):
     x, L = case
     want = R.qmaxpool_int(x, L) if L.op == "maxpool" else G.qavgpool_int_slow(x, L)
     qg = _graph(L, {"x": _cl_to_lg(x).shape}, _cl_to_lg(want).shape)
-    got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, threads)
-    assert rep["p"]["engine"] == ("numpy-max" if L.op == "maxpool" else "numba-pool")
+    got, rep = _run_workers(qg, {"x": _cl_to_lg(x)}, threads, options=Options(numba=numba))
+    numba = numba and K.AVAILABLE
+    if L.op == "maxpool":
+        assert rep["p"]["engine"] == ("numba-max" if numba else "numpy-max")
+    elif numba:
+        assert rep["p"]["engine"] == "numba-pool"
     np.testing.assert_array_equal(got["y"], _cl_to_lg(want))
 
 
@@ -545,12 +549,30 @@ def test_pool_densenet_and_resnet_with_numpy_engine():
 
 def test_shufflenet_shuffles_and_adds_fused_in_run(zoo):
     q, fq = zoo["shufflenet"]
-    with W.CpuWorkers(q, threads=2) as w:
-        rep = w.engine_report()
-        assert len(w._steps) < len(q.layers) - 40
-    fused = {r["fused_into"] for r in rep.values() if "fused_into" in r}
-    assert fused and all(rep[c]["fused"] for c in fused)
-    assert all("fused_into" in rep[L.name] for L in q.layers if L.op == "transpose")
+    want = R.run_reference(q, fq)
+    folded = {}
+    # a block-diagonal GEMM (u8s8 with VNNI, blas-f32) takes the shuffle into its weight
+    # columns; a grouped session (u8u8 on plain AVX2) permutes in the requantize
+    for feats, opts in ((None, Options(pool="threads")), (AVX2, Options(pool="threads")),
+                        (None, Options(pool="threads", gemm_engine="numpy"))):
+        with W.CpuWorkers(q, threads=2, options=opts, features=feats) as w:
+            rep = w.engine_report()
+            assert len(w._steps) < len(q.layers) - 40
+            got = w.run(fq)
+            ops = {L.name: L.op for L in q.layers}
+            shuffled = [p for p in w._step_progs.values()
+                        if isinstance(p, W._FusedConvProg) and "transpose" in
+                        {ops[n] for n in p.fused}]
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{feats} {opts}")
+        assert shuffled
+        for p in shuffled:
+            assert (p.src is None) == (p.base.mode in ("dense", "blockdiag"))
+        folded[(feats, opts.gemm_engine)] = {p.src is None for p in shuffled}
+        fused = {r["fused_into"] for r in rep.values() if "fused_into" in r}
+        assert fused and all(rep[c]["fused"] for c in fused)
+        assert all("fused_into" in rep[L.name] for L in q.layers if L.op == "transpose")
+    assert folded[(AVX2, "auto")] == {False} and folded[(None, "numpy")] == {True}
 
 
 def test_run_layer_and_run_layers_into_env(zoo):
