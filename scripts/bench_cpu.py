@@ -143,7 +143,7 @@ def main(argv=None):
     from dnnfab.sw.cpu.options import Options
     import tempfile
     from dnnfab.sw.cpu.profile import CpuProfile
-    from dnnfab.sw.cpu.workers import CALIBRATION_RUNS, CALIBRATION_WARMUP, CpuWorkers
+    from dnnfab.sw.cpu.workers import CpuWorkers
     from dnnfab.sw.ir.qgraph import dequantize_tensor
     tmpdir = tempfile.mkdtemp(prefix="dnnfab-bench-cpu-")
 
@@ -205,7 +205,9 @@ def main(argv=None):
             fns["workers_1t_layers"] = lambda: run_workers(workers["layers"])
         for fn in fns.values():
             fn()
-        for _ in range(2 * CALIBRATION_RUNS + CALIBRATION_WARMUP):  # helpers or alone
+        for _ in range(60):     # calibration: the helper modes and the caller alone
+            if workers["proc"].pool_report()["mode"] is not None or not procs_ready:
+                break
             fns["workers_2t_processes"]()
         proc_rep = workers["proc"].pool_report()
         pools = {k: workers[k].pool_report()["kind"] for k in (1, 2, "2p", "proc")}

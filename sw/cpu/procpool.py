@@ -51,7 +51,7 @@ import numpy as np
 from ...errors import DnnfabError
 from . import reference as R
 
-__all__ = ["ArenaEnv", "ProcPool", "SPIN_S"]
+__all__ = ["ArenaEnv", "NativeHelper", "ProcPool", "SPIN_S"]
 
 #: a helper polls for work this long after its last message before it sleeps
 SPIN_S = 0.005
@@ -559,6 +559,160 @@ class ProcPool:
             h.dead = True
         self.helpers = []
         self.arena.close()
+
+
+# ====================================================================== native helper
+def serve_native(fd, build):
+    """The life of the *native* helper (:class:`NativeHelper`): make onnxruntime's
+    process-wide intra-op thread pool ``threads`` wide before any session exists, prepare
+    the graph unsliced (``build(payload)``: a 1-thread CpuWorkers whose engine sessions
+    all use that pool), then run whole graphs until told to quit or the caller's socket
+    closes. Every GEMM is then parallel inside onnxruntime (native threads that spin
+    between calls, as in onnxruntime's own runs); the rest of the graph runs in this
+    process's one Python thread."""
+    conn = _Chan(Connection(fd))
+    try:
+        payload = pickle.loads(conn.recv_bytes())
+    except EOFError:
+        return
+    try:
+        from onnxruntime.capi import _pybind_state as C
+        C.set_global_thread_pool_sizes(int(payload["threads"]), 1)
+        R._GLOBAL_POOL = True   # this process only: every session uses the global pool
+        w = build(payload)
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, which goes on alone
+        conn.send(("fail", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            if not conn.ready(None):
+                continue
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg[0] == "quit":
+            break
+        try:
+            conn.send(("out", w.run(msg[1])))
+        except Exception as exc:  # noqa: BLE001 - the caller raises it, the layer named
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            conn.send(("err", getattr(exc, "layer", None), text))
+    w.close()
+
+
+class NativeHelper:
+    """One helper process that runs whole graphs with onnxruntime's process-wide thread
+    pool of ``n`` threads (:func:`serve_native`); a mode of ``Options(pool="processes")``
+    that calibration keeps when it is the fastest (``CpuWorkers.pool_report()["mode"] ==
+    "native"``). The caller sleeps while the helper runs (it would otherwise take a core
+    from the helper's threads). Such a pool cannot live in the caller: once it exists,
+    onnxruntime refuses every session of the process its own threads, the user's too."""
+
+    def __init__(self, workers, n, _fail_step=None):
+        self.note = None
+        self.ready = False
+        self.dead = False
+        self.runs = 0               # whole-graph runs it completed
+        fail = None if _fail_step is None else workers._steps[_fail_step].name
+        payload = dict(qg=_portable(workers.qg), threads=int(n), options=workers.options,
+                       features=workers.features, fail_step=fail)
+        a, b = socket.socketpair()
+        self.proc = subprocess.Popen([sys.executable, "-c",
+                                      "import sys; from dnnfab.sw.cpu.workers import "
+                                      "_native_entry; _native_entry(int(sys.argv[1]))",
+                                      str(b.fileno())],
+                                     pass_fds=[b.fileno()], stdin=subprocess.DEVNULL)
+        b.close()
+        self.conn = _Chan(Connection(a.detach()))
+        self._sender = threading.Thread(target=self._send_payload, args=(payload,),
+                                        name="dnnfab-native-start", daemon=True)
+        self._sender.start()
+
+    def _send_payload(self, payload):
+        try:
+            self.conn.send_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+        except (OSError, ValueError, pickle.PicklingError) as exc:
+            self.note = f"native helper not started ({type(exc).__name__}: {exc})"
+            self.dead = True
+
+    def _check_ready(self, timeout=0.0):
+        if self.ready or self.dead:
+            return
+        try:
+            if self.conn.ready(timeout):
+                msg = self.conn.recv()
+                if msg[0] == "ready":
+                    self.ready = True
+                else:
+                    self._lose(f"failed to prepare: {msg[1]}")
+        except (EOFError, OSError):
+            self._lose("exited while preparing")
+
+    def wait_ready(self, timeout=120.0):
+        end = time.monotonic() + timeout
+        while not (self.ready or self.dead) and time.monotonic() < end:
+            self._check_ready(0.05)
+        return self.ready and not self.dead
+
+    def settled(self):
+        """Ready or dead (not still preparing)."""
+        self._check_ready()
+        return self.ready or self.dead
+
+    def live(self):
+        self._check_ready()
+        return self.ready and not self.dead
+
+    def _lose(self, why):
+        self.dead = True
+        rc = self.proc.poll()
+        self.note = (f"native helper process {self.proc.pid} exited (code {rc}): {why}"
+                     if rc is not None else f"native helper process {self.proc.pid} "
+                     f"dropped: {why}")
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def run(self, feed_q):
+        """The graph's outputs for ``feed_q``, ``("err", layer, text)`` when a layer
+        raised in the helper, or None when the helper is gone (the caller then runs the
+        graph itself)."""
+        try:
+            self.conn.send(("run", feed_q))
+            while not self.conn.ready(1.0):     # sleeps: the helper's threads get the cores
+                if self.proc.poll() is not None:
+                    raise EOFError
+            msg = self.conn.recv()
+        except (EOFError, OSError, ValueError):
+            self._lose("lost during a run; the run went on in the caller")
+            return None
+        if msg[0] == "out":
+            self.runs += 1
+            return msg[1]
+        return msg
+
+    def shutdown(self):
+        if not self.ready and self.proc.poll() is None:     # still preparing
+            self.proc.kill()
+        elif not self.dead:
+            try:
+                self.conn.send(("quit",))
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        self.dead = True
 
 
 class ProcRun:

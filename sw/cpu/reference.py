@@ -292,6 +292,12 @@ def _lut1(x, table, numba=True):
 
 
 # ====================================================================== int GEMM
+#: True only inside the CPU workers' *native* helper process (procpool.serve_native), after
+#: it made onnxruntime's process-wide thread pool: every session there must use that pool
+#: (onnxruntime refuses per-session threads once it exists). Never set in a user's process.
+_GLOBAL_POOL = False
+
+
 def _ort_session(nodes, inputs, outputs, inits, threads):
     """An onnxruntime CPU session of a small opset-13 graph, with ``threads`` intra-op
     threads (``Options.threads``, or 1) that sleep rather than spin when idle: the plan
@@ -303,10 +309,13 @@ def _ort_session(nodes, inputs, outputs, inits, threads):
                               opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = min(model.ir_version, 9)
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if _GLOBAL_POOL:
+        so.use_per_session_threads = False
+    else:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 

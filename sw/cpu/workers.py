@@ -58,7 +58,7 @@ from .engines import (CpuFeatures, EngineChoice, U8S8_MAX_K, U8U8_MAX_K, default
                       is_qlrn, layer_geometry, layer_signature, select_engine)
 from .options import Options
 from .netplan import NetPlan
-from .procpool import ArenaEnv, ProcPool, ProcRun, dependencies, serve
+from .procpool import ArenaEnv, NativeHelper, ProcPool, ProcRun, dependencies, serve, serve_native
 
 __all__ = ["CpuWorkers", "CpuTaskError"]
 
@@ -1286,9 +1286,34 @@ def _helper_entry(fd):
     serve(fd, build)
 
 
+def _native_entry(fd):
+    """Entry of the native helper process of ``Options(pool="processes")``
+    (procpool.serve_native): the graph prepared unsliced on one thread, its engine sessions
+    on onnxruntime's process-wide pool, run twice on zeros before it reports ready."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def build(payload):
+        opts = payload["options"].replace(pool="threads", net_plan=False)
+        w = CpuWorkers(payload["qg"], threads=1, options=opts, features=payload["features"])
+        zeros = {t.name: np.zeros(w.qg.shape(t.name), np.int8) for t in w.qg.inputs}
+        w.run(zeros)
+        w.run(zeros)
+        fail = payload.get("fail_step")
+        if fail is not None:            # a fault injected in one layer (tests)
+            p = w._step_progs[id(next(st for st in w._steps if st.name == fail))]
+
+            def bind(env):
+                raise RuntimeError("fault injected in the native helper (test)")
+            p.bind = bind
+        return w
+    serve_native(fd, build)
+
+
 def _shutdown(pool, pp_box):
-    if pp_box[0] is not None:
-        pp_box[0].shutdown()
+    for h in pp_box:
+        if h is not None:
+            h.shutdown()
     pool.shutdown()
 
 
@@ -1305,6 +1330,12 @@ PROC_START_AFTER_RUNS = 2
 #: runs with the helpers not counted first (their first runs bind every step and touch the
 #: shared memory's pages)
 CALIBRATION_WARMUP = 2
+
+
+#: whole-graph runs with helper processes also try the *native* helper (procpool.NativeHelper:
+#: the graph unsliced in one process whose onnxruntime sessions share onnxruntime's own
+#: process-wide thread pool) in calibration
+NATIVE_HELPER = True
 
 
 #: a step of a whole-graph run goes to a helper process (Options(pool="processes")) if its
@@ -1348,11 +1379,14 @@ class CpuWorkers:
         self._progs = {}
         self._notes = {}
         self._prepared = {}     # layer name -> the thread count its slices were cut for
-        self._pp = [None]       # the ProcPool, started by the first run() (see _helpers)
+        # [ProcPool, NativeHelper], started by a run() (see _helpers)
+        self._pp = [None, None]
         self._want_procs = False
+        self._started = False   # helper processes started (once; never after calibration)
         self._fail_step = _fail_step
-        self._mode = None       # whole-graph runs: 'helpers' or 'caller' once calibrated
-        self._calib = {"helpers": [], "caller": []}
+        # whole-graph runs: 'helpers', 'native' or 'caller' once calibrated
+        self._mode = None
+        self._calib = {"helpers": [], "native": [], "caller": []}
         self._runs = 0
         # helper processes share no interpreter lock: one slice per thread is enough (two
         # per thread hedge against a preempted thread; measured slower with processes)
@@ -1533,17 +1567,24 @@ class CpuWorkers:
         return self._pp[0]
 
     def _helpers(self, start=True):
-        """The ProcPool, started on first use with ``start`` (objects that never run a
-        whole graph -- the fabric sessions' and the real-time runtime's -- or run it only
-        PROC_START_AFTER_RUNS times never start processes)."""
-        if start and self._want_procs and self._pp[0] is None and \
-                not getattr(self, "_pool_note", None):
+        """The ProcPool, started on first use with ``start`` together with the native
+        helper (objects that never run a whole graph -- the fabric sessions' and the
+        real-time runtime's -- or run it only PROC_START_AFTER_RUNS times never start
+        processes)."""
+        if start and self._want_procs and not self._started:
+            self._started = True
             try:
                 consts = {k: globals()[k] for k in SLICING_CONSTANTS}
                 self._pp[0] = ProcPool(self, self.threads - 1, consts, self._fail_step)
             except (OSError, ValueError) as exc:   # no shared memory, no subprocesses
                 self._pool_note = (f"helper processes not started ({type(exc).__name__}: "
                                    f"{exc}); run() uses threads")
+            if NATIVE_HELPER:
+                try:
+                    self._pp[1] = NativeHelper(self, self.threads, self._fail_step)
+                except (OSError, ValueError) as exc:
+                    self._native_note = (f"native helper not started "
+                                         f"({type(exc).__name__}: {exc})")
         return self._pp[0]
 
     def wait_ready(self, timeout=120.0):
@@ -1551,9 +1592,45 @@ class CpuWorkers:
         block until they have prepared (runs before that use the threads); True when they
         all are. Without helper processes: True."""
         pp = self._helpers()
-        if pp is None:
+        nat = self._pp[1]
+        if pp is None and nat is None:
             return not self._want_procs
-        return pp.wait_ready(timeout)
+        end = time.monotonic() + timeout
+        ok = pp is not None and pp.wait_ready(timeout)
+        if nat is not None:
+            ok = nat.wait_ready(max(0.0, end - time.monotonic())) and ok
+        return ok
+
+    def _live_modes(self):
+        """The helper modes a run can use now (['helpers', 'native'], those live), or None
+        while one that was started is still preparing."""
+        pp, nat = self._pp
+        modes = []
+        if pp is not None:
+            live = pp.live()
+            if any(not (h.ready or h.dead) for h in pp.helpers):
+                return None
+            if live:
+                modes.append("helpers")
+        if nat is not None:
+            if not nat.settled():
+                return None
+            if nat.live():
+                modes.append("native")
+        return modes
+
+    def _calibration_mode(self):
+        """The mode of the next calibration run: each helper mode's warm-up runs first,
+        then the modes (and the caller alone) in turn; None before anything is ready."""
+        modes = self._live_modes()
+        if not modes:
+            return None
+        c = self._calib
+        for m in modes:
+            if len(c[m]) < CALIBRATION_WARMUP:
+                return m
+        return min(modes + ["caller"], key=lambda m: len(c[m]) - (
+            0 if m == "caller" else CALIBRATION_WARMUP))
 
     def pool_report(self):
         """{kind: 'threads' | 'processes' | 'plan', threads, helpers: live helper processes,
@@ -1563,12 +1640,15 @@ class CpuWorkers:
             return {"kind": "plan", "threads": self.threads, "helpers": 0,
                     "note": f"small-network plan: {self._plan.macs} MACs, one numba call per layer",
                     "last_run": None, "mode": "plan", "calibration_ms": {}}
-        pp = self._procpool
+        pp, nat = self._pp
         live = len(pp.live()) if pp is not None else 0
-        note = getattr(self, "_pool_note", None) or (pp.note if pp is not None else None)
+        notes = [getattr(self, "_pool_note", None) or (pp.note if pp is not None else None),
+                 getattr(self, "_native_note", None) or (nat.note if nat is not None else None)]
+        note = "; ".join(n for n in notes if n) or None
         cal = {k: round(float(min(v)), 3) for k, v in self._calib.items() if v}
-        return {"kind": "processes" if pp is not None else "threads",
-                "threads": self.threads, "helpers": live, "note": note,
+        return {"kind": "processes" if pp is not None or nat is not None else "threads",
+                "threads": self.threads, "helpers": live,
+                "native": bool(nat is not None and nat.live()), "note": note,
                 "last_run": pp.last_run if pp is not None else None,
                 "mode": self._mode, "calibration_ms": cal}
 
@@ -1642,12 +1722,21 @@ class CpuWorkers:
         with self._lock:
             self._runs += 1
             pp = self._helpers(self._runs > PROC_START_AFTER_RUNS)
+            nat = self._pp[1]
             live = pp is not None and bool(pp.live())
             mode = self._mode
-            if live and mode is None:   # calibrating: the helpers' warm-up, then in turn
-                c = self._calib
-                mode = "helpers" if len(c["helpers"]) < CALIBRATION_WARMUP or \
-                    len(c["helpers"]) - CALIBRATION_WARMUP <= len(c["caller"]) else "caller"
+            if mode is None:            # calibrating: the helpers' warm-up, then in turn
+                mode = self._calibration_mode()
+            if mode == "native" and nat is not None and nat.live():
+                t0 = time.perf_counter()
+                res = nat.run({t.name: env.lg(t.name) for t in self.qg.inputs})
+                if isinstance(res, dict):
+                    self._calibrated("native", t0)
+                    return res
+                if res is not None:     # ('err', layer, text): a layer raised there
+                    raise CpuTaskError(f"{res[2]} (in the native helper process "
+                                       f"{nat.proc.pid})", layer=res[1])
+                mode = None             # the helper is gone: this run on the threads
             if mode == "caller":
                 t0 = time.perf_counter()
                 _run_inline(self._step_progs, env, self._steps)
@@ -1681,16 +1770,24 @@ class CpuWorkers:
             return
         c = self._calib
         c[mode].append((time.perf_counter() - t0) * 1e3)
-        if len(c["caller"]) >= CALIBRATION_RUNS and \
-                len(c["helpers"]) >= CALIBRATION_WARMUP + CALIBRATION_RUNS:
-            del c["helpers"][:CALIBRATION_WARMUP]
-            self._mode = min(c, key=lambda k: min(c[k]))
-            if self._mode == "caller" and self._pp[0] is not None:
-                # not worth their memory (a copy of every engine session) or processes
+        modes = (self._live_modes() or []) + ["caller"]
+        if all(len(c[m]) >= CALIBRATION_RUNS + (0 if m == "caller" else CALIBRATION_WARMUP)
+               for m in modes):
+            for m in modes:
+                if m != "caller":
+                    del c[m][:CALIBRATION_WARMUP]
+            for m in list(c):
+                if m not in modes:      # a helper lost during calibration
+                    c[m] = []
+            self._mode = min(modes, key=lambda k: min(c[k]))
+            ran = ", ".join(f"{m} {min(c[m]):.3f} ms" for m in modes)
+            # the others are not worth their memory (a copy of every engine session)
+            if self._mode != "helpers" and self._pp[0] is not None:
                 self._pp[0].shutdown()
-                self._pool_note = (f"helpers stopped: the caller alone ran this graph in "
-                                   f"{min(c['caller']):.3f} ms, with them in "
-                                   f"{min(c['helpers']):.3f} ms")
+                self._pool_note = f"helpers stopped: {self._mode} was fastest ({ran})"
+            if self._mode != "native" and self._pp[1] is not None:
+                self._pp[1].shutdown()
+                self._native_note = f"native helper stopped: {self._mode} was fastest ({ran})"
 
     # ------------------------------------------------------------------ reports
     def engine_report(self):

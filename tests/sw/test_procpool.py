@@ -138,7 +138,7 @@ def test_no_process_or_shared_memory_left(zoo):
     w = W.CpuWorkers(q, threads=3, options=PROC)
     assert w.wait_ready()
     w._mode = "helpers"
-    procs = [h.proc for h in w._procpool.helpers]
+    procs = [h.proc for h in w._procpool.helpers] + [w._pp[1].proc]   # and the native one
     shm = "/dev/shm/" + w._procpool.arena.name.lstrip("/")
     w.run(fq)
     assert all(p.poll() is None for p in procs) and os.path.exists(shm)
@@ -153,7 +153,7 @@ def test_no_process_or_shared_memory_left(zoo):
         w2.run(fq)
         assert w2._procpool is None
     w2.run(fq)                                  # started now; before it is ready: threads
-    procs = [h.proc for h in w2._procpool.helpers]
+    procs = [h.proc for h in w2._procpool.helpers] + [w2._pp[1].proc]
     del w2
     gc.collect()
     for p in procs:
@@ -168,22 +168,85 @@ def test_calibration_keeps_the_faster_mode(zoo):
     want = R.run_reference(q, fq, options=Options())
     with W.CpuWorkers(q, threads=2, options=PROC) as w:
         assert w.wait_ready()
-        for _ in range(2 * W.CALIBRATION_RUNS + W.CALIBRATION_WARMUP):
+        # two helper modes (slices to a helper, the native helper) and the caller alone
+        for _ in range(3 * W.CALIBRATION_RUNS + 2 * W.CALIBRATION_WARMUP):
             assert w.pool_report()["mode"] is None
             got = w.run(fq)
             for k in want:
                 np.testing.assert_array_equal(got[k], want[k])
         rep = w.pool_report()
         cal = rep["calibration_ms"]
-        assert set(cal) == {"helpers", "caller"} and all(v > 0 for v in cal.values())
+        assert set(cal) == {"helpers", "native", "caller"} and all(v > 0 for v in cal.values())
         assert rep["mode"] == min(cal, key=cal.get)
-        if rep["mode"] == "caller":     # the helpers are stopped: nothing left idle
-            assert rep["helpers"] == 0 and "helpers stopped" in rep["note"]
-        else:
-            assert rep["helpers"] == 1
+        # the modes not kept are stopped: nothing left idle
+        assert (rep["helpers"] == 1) == (rep["mode"] == "helpers")
+        assert rep["native"] == (rep["mode"] == "native")
+        if rep["mode"] != "helpers":
+            assert "helpers stopped" in rep["note"]
         got = w.run(fq)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "inception_v1", "shufflenet"])
+def test_native_helper_equals_reference(zoo, name):
+    """The native helper (procpool.NativeHelper: the graph unsliced, its sessions on
+    onnxruntime's process-wide pool of 2 threads) on several inputs: equal to the reference;
+    the caller's own process keeps per-session threads (a user's 2-thread session still
+    opens)."""
+    import onnxruntime as ort
+    q, fq = zoo[name]
+    feeds = _feeds(fq) + [fq]
+    wants = [R.run_reference(q, f, options=Options()) for f in feeds]
+    with W.CpuWorkers(q, threads=2, options=PROC) as w:
+        assert w.wait_ready(), w.pool_report()
+        w._mode = "native"
+        runs = [w.run(f) for f in feeds]
+        rep = w.pool_report()
+        assert rep["native"] and rep["kind"] == "processes"
+        assert w._pp[1].runs == len(feeds)          # really ran there
+    for got, want in zip(runs, wants):
+        assert set(got) == set(want)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=name)
+    assert not R._GLOBAL_POOL
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    ort.InferenceSession(q.export().SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def test_native_helper_error_and_death(zoo):
+    """A layer that raises in the native helper fails the run with the layer named; a
+    native helper killed with SIGKILL: the run completes bit-exact in the caller, the note
+    names the process, later runs go on without it."""
+    q, fq = zoo["squeezenet"]
+    want = R.run_reference(q, fq, options=Options())
+    probe = W.CpuWorkers(q, threads=2)
+    step = next(i for i, s in enumerate(probe._steps) if s.op == "conv")
+    name = probe._steps[step].name
+    probe.close()
+    with W.CpuWorkers(q, threads=2, options=PROC, _fail_step=step) as w:
+        assert w.wait_ready()
+        w._mode = "native"
+        with pytest.raises(W.CpuTaskError) as exc:
+            w.run(fq)
+        assert exc.value.layer == name
+        msg = str(exc.value)
+        assert repr(name) in msg and "native helper process" in msg and "\n" not in msg
+    with W.CpuWorkers(q, threads=2, options=PROC) as w:
+        assert w.wait_ready()
+        w._mode = "native"
+        w.run(fq)
+        victim = w._pp[1].proc
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        got = w.run(fq)
+        rep = w.pool_report()
+        assert not rep["native"] and f"{victim.pid} exited" in rep["note"], rep
+        got2 = w.run(fq)
+    for out in (got, got2):
+        for k in want:
+            np.testing.assert_array_equal(out[k], want[k])
 
 
 def test_small_shared_memory_keeps_threads(zoo, monkeypatch):
@@ -197,6 +260,7 @@ def test_small_shared_memory_keeps_threads(zoo, monkeypatch):
         assert not w.wait_ready()
         rep = w.pool_report()
         assert rep["helpers"] == 0 and "/dev/shm" in rep["note"] and "shm-size" in rep["note"]
+        assert rep["native"]            # needs no shared memory
         for _ in range(W.PROC_START_AFTER_RUNS + 2):
             got = w.run(fq)
             for k in want:
