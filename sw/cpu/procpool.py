@@ -677,15 +677,20 @@ class NativeHelper:
         if self.proc.poll() is None:
             self.proc.kill()
 
-    def run(self, feed_q):
+    def run(self, feed_q, timeout=None):
         """The graph's outputs for ``feed_q``, ``("err", layer, text)`` when a layer
-        raised in the helper, or None when the helper is gone (the caller then runs the
-        graph itself)."""
+        raised in the helper, or None when the helper is gone or gave no answer within
+        ``timeout`` seconds (it is then killed; the caller runs the graph itself)."""
+        end = None if timeout is None else time.monotonic() + timeout
         try:
             self.conn.send(("run", feed_q))
             while not self.conn.ready(1.0):     # sleeps: the helper's threads get the cores
                 if self.proc.poll() is not None:
                     raise EOFError
+                if end is not None and time.monotonic() > end:
+                    self._lose(f"no answer within {timeout:.0f} s, killed; the run went on "
+                               "in the caller")
+                    return None
             msg = self.conn.recv()
         except (EOFError, OSError, ValueError):
             self._lose("lost during a run; the run went on in the caller")

@@ -1336,6 +1336,10 @@ CALIBRATION_WARMUP = 2
 #: the graph unsliced in one process whose onnxruntime sessions share onnxruntime's own
 #: process-wide thread pool) in calibration
 NATIVE_HELPER = True
+#: a native helper that gives no answer within NATIVE_TIMEOUT_S plus NATIVE_TIMEOUT_FACTOR
+#: times the slowest calibration run (a hang) is killed and the run goes on in the caller
+NATIVE_TIMEOUT_S = 60.0
+NATIVE_TIMEOUT_FACTOR = 20
 
 
 #: a step of a whole-graph run goes to a helper process (Options(pool="processes")) if its
@@ -1729,7 +1733,9 @@ class CpuWorkers:
                 mode = self._calibration_mode()
             if mode == "native" and nat is not None and nat.live():
                 t0 = time.perf_counter()
-                res = nat.run({t.name: env.lg(t.name) for t in self.qg.inputs})
+                slowest = max((max(v) for v in self._calib.values() if v), default=0.0)
+                res = nat.run({t.name: env.lg(t.name) for t in self.qg.inputs},
+                              timeout=NATIVE_TIMEOUT_S + NATIVE_TIMEOUT_FACTOR * slowest / 1e3)
                 if isinstance(res, dict):
                     self._calibrated("native", t0)
                     return res

@@ -215,10 +215,11 @@ def test_native_helper_equals_reference(zoo, name):
     ort.InferenceSession(q.export().SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def test_native_helper_error_and_death(zoo):
+def test_native_helper_error_and_death(zoo, monkeypatch):
     """A layer that raises in the native helper fails the run with the layer named; a
-    native helper killed with SIGKILL: the run completes bit-exact in the caller, the note
-    names the process, later runs go on without it."""
+    native helper killed with SIGKILL, or stopped (a hang: SIGSTOP, past the timeout): the
+    run completes bit-exact in the caller, the note names the process, later runs go on
+    without it."""
     q, fq = zoo["squeezenet"]
     want = R.run_reference(q, fq, options=Options())
     probe = W.CpuWorkers(q, threads=2)
@@ -244,7 +245,18 @@ def test_native_helper_error_and_death(zoo):
         rep = w.pool_report()
         assert not rep["native"] and f"{victim.pid} exited" in rep["note"], rep
         got2 = w.run(fq)
-    for out in (got, got2):
+    monkeypatch.setattr(W, "NATIVE_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(W, "NATIVE_TIMEOUT_FACTOR", 0)
+    with W.CpuWorkers(q, threads=2, options=PROC) as w:
+        assert w.wait_ready()
+        w._mode = "native"
+        victim = w._pp[1].proc
+        os.kill(victim.pid, signal.SIGSTOP)
+        got3 = w.run(fq)
+        rep = w.pool_report()
+        assert not rep["native"] and "no answer within 2 s" in rep["note"], rep
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+    for out in (got, got2, got3):
         for k in want:
             np.testing.assert_array_equal(out[k], want[k])
 
