@@ -25,9 +25,11 @@ field                  environment variable    meaning
 ``pool``               ``DNNFAB_POOL``         how a whole-graph run of the workers uses its
                                                threads: ``"processes"`` (default:
                                                ``workers - 1`` helper processes beside the
-                                               caller, or the caller alone where that
-                                               measured faster; see procpool.py) or
-                                               ``"threads"`` (one process)
+                                               caller, one native helper whose onnxruntime
+                                               sessions share onnxruntime's own thread pool,
+                                               or the caller alone, whichever measured
+                                               fastest; see procpool.py) or ``"threads"``
+                                               (one process)
 ``net_plan``           ``DNNFAB_NET_PLAN``     a small network (at most
                                                ``netplan.PLAN_MAX_MACS`` MACs of conv, gemm,
                                                pool and reshape layers) runs as one prepared
