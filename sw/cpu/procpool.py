@@ -345,14 +345,22 @@ class _Chan:
 
 
 # ====================================================================== helper process
+def _open(fd):
+    """A helper's end of the socket and the caller's payload (None: the caller went away
+    before sending it)."""
+    conn = _Chan(Connection(fd))
+    try:
+        return conn, pickle.loads(conn.recv_bytes())
+    except EOFError:
+        return conn, None
+
+
 def serve(fd, build):
     """A helper process's life: ``build(payload)`` -> the caller's programs prepared here
     (a :class:`~dnnfab.sw.cpu.workers.CpuWorkers`, its engine sessions already run once),
     then serve slices until told to quit or the caller's socket closes."""
-    conn = _Chan(Connection(fd))
-    try:
-        payload = pickle.loads(conn.recv_bytes())
-    except EOFError:
+    conn, payload = _open(fd)
+    if payload is None:
         return
     try:
         w = build(payload)
@@ -448,6 +456,73 @@ class _Helper:
         self.recs = {}              # step -> the binding record this helper holds
 
 
+def _spawn(entry):
+    """A fresh interpreter running ``dnnfab.sw.cpu.workers.<entry>(fd)`` on one end of a
+    socket pair (no re-import of the user's ``__main__``)."""
+    a, b = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-c",
+                             f"import sys; from dnnfab.sw.cpu.workers import {entry}; "
+                             f"{entry}(int(sys.argv[1]))", str(b.fileno())],
+                            pass_fds=[b.fileno()], stdin=subprocess.DEVNULL)
+    b.close()
+    return _Helper(proc, _Chan(Connection(a.detach())))
+
+
+def _drop(h, why, what="helper process"):
+    """Give up on helper ``h`` (closed, killed if still running); returns the note."""
+    h.dead = True
+    rc = h.proc.poll()
+    note = (f"{what} {h.proc.pid} exited (code {rc}): {why}" if rc is not None
+            else f"{what} {h.proc.pid} dropped: {why}")
+    try:
+        h.conn.close()
+    except OSError:
+        pass
+    if h.proc.poll() is None:
+        h.proc.kill()
+    return note
+
+
+def _poll_ready(h, timeout=0.0, what="helper process"):
+    """Take helper ``h``'s "ready" message if it waits (``timeout`` seconds); returns a
+    note when the helper failed or exited while preparing, else None."""
+    if h.ready or h.dead:
+        return None
+    try:
+        if h.conn.ready(timeout):
+            msg = h.conn.recv()
+            if msg[0] == "ready":
+                h.ready = True
+                return None
+            return _drop(h, f"helper failed to prepare: {msg[1]}", what)
+    except (EOFError, OSError):
+        return _drop(h, "helper exited while preparing", what)
+    return None
+
+
+def _stop(helpers):
+    """Ask ``helpers`` to quit (kill those still preparing), wait for them, close."""
+    for h in helpers:
+        if not h.ready and h.proc.poll() is None:   # still preparing: nothing to lose
+            h.proc.kill()
+        elif not h.dead:
+            try:
+                h.conn.send(("quit",))
+            except OSError:
+                pass
+    for h in helpers:
+        try:
+            h.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            h.proc.kill()
+            h.proc.wait()
+        try:
+            h.conn.close()
+        except OSError:
+            pass
+        h.dead = True
+
+
 class ProcPool:
     """``n`` helper processes serving one :class:`CpuWorkers`' whole-graph runs (see the
     module docstring). Started at construction; the caller's runs use the helpers that
@@ -472,14 +547,7 @@ class ProcPool:
                        layout=step_layout(workers), fail_step=_fail_step)
         self.last_run = None        # {'caller_slices', 'helper_slices'} of the last run
         for _ in range(n):
-            a, b = socket.socketpair()
-            proc = subprocess.Popen([sys.executable, "-c",
-                                     "import sys; from dnnfab.sw.cpu.workers import "
-                                     "_helper_entry; _helper_entry(int(sys.argv[1]))",
-                                     str(b.fileno())],
-                                    pass_fds=[b.fileno()], stdin=subprocess.DEVNULL)
-            b.close()
-            self.helpers.append(_Helper(proc, _Chan(Connection(a.detach()))))
+            self.helpers.append(_spawn("_helper_entry"))
         # pickling a big graph takes a while: send it from a thread, the caller goes on
         self._sender = threading.Thread(target=self._send_payload, args=(payload,),
                                         name="dnnfab-procpool-start", daemon=True)
@@ -500,17 +568,9 @@ class ProcPool:
                 h.dead = True
 
     def _check_ready(self, h, timeout=0.0):
-        if h.ready or h.dead:
-            return
-        try:
-            if h.conn.ready(timeout):
-                msg = h.conn.recv()
-                if msg[0] == "ready":
-                    h.ready = True
-                else:
-                    self._lose(h, f"helper failed to prepare: {msg[1]}")
-        except (EOFError, OSError):
-            self._lose(h, "helper exited while preparing")
+        note = _poll_ready(h, timeout)
+        if note:
+            self.note = note
 
     def wait_ready(self, timeout=120.0):
         """Block until every helper has prepared (or died); True if all are ready."""
@@ -526,37 +586,10 @@ class ProcPool:
         return [h for h in self.helpers if h.ready and not h.dead]
 
     def _lose(self, h, why):
-        h.dead = True
-        rc = h.proc.poll()
-        self.note = (f"helper process {h.proc.pid} exited (code {rc}): {why}" if rc is not None
-                     else f"helper process {h.proc.pid} dropped: {why}")
-        try:
-            h.conn.close()
-        except OSError:
-            pass
-        if h.proc.poll() is None:
-            h.proc.kill()
+        self.note = _drop(h, why)
 
     def shutdown(self):
-        for h in self.helpers:
-            if not h.ready and h.proc.poll() is None:   # still preparing: nothing to lose
-                h.proc.kill()
-            elif not h.dead:
-                try:
-                    h.conn.send(("quit",))
-                except OSError:
-                    pass
-        for h in self.helpers:
-            try:
-                h.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                h.proc.kill()
-                h.proc.wait()
-            try:
-                h.conn.close()
-            except OSError:
-                pass
-            h.dead = True
+        _stop(self.helpers)
         self.helpers = []
         self.arena.close()
 
@@ -570,10 +603,8 @@ def serve_native(fd, build):
     closes. Every GEMM is then parallel inside onnxruntime (native threads that spin
     between calls, as in onnxruntime's own runs); the rest of the graph runs in this
     process's one Python thread."""
-    conn = _Chan(Connection(fd))
-    try:
-        payload = pickle.loads(conn.recv_bytes())
-    except EOFError:
+    conn, payload = _open(fd)
+    if payload is None:
         return
     try:
         from onnxruntime.capi import _pybind_state as C
@@ -611,43 +642,35 @@ class NativeHelper:
 
     def __init__(self, workers, n, _fail_step=None):
         self.note = None
-        self.ready = False
-        self.dead = False
         self.runs = 0               # whole-graph runs it completed
         fail = None if _fail_step is None else workers._steps[_fail_step].name
         payload = dict(qg=_portable(workers.qg), threads=int(n), options=workers.options,
                        features=workers.features, fail_step=fail)
-        a, b = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, "-c",
-                                      "import sys; from dnnfab.sw.cpu.workers import "
-                                      "_native_entry; _native_entry(int(sys.argv[1]))",
-                                      str(b.fileno())],
-                                     pass_fds=[b.fileno()], stdin=subprocess.DEVNULL)
-        b.close()
-        self.conn = _Chan(Connection(a.detach()))
+        self.h = _spawn("_native_entry")
+        self.proc, self.conn = self.h.proc, self.h.conn
         self._sender = threading.Thread(target=self._send_payload, args=(payload,),
                                         name="dnnfab-native-start", daemon=True)
         self._sender.start()
+
+    @property
+    def ready(self):
+        return self.h.ready
+
+    @property
+    def dead(self):
+        return self.h.dead
 
     def _send_payload(self, payload):
         try:
             self.conn.send_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError, pickle.PicklingError) as exc:
             self.note = f"native helper not started ({type(exc).__name__}: {exc})"
-            self.dead = True
+            self.h.dead = True
 
     def _check_ready(self, timeout=0.0):
-        if self.ready or self.dead:
-            return
-        try:
-            if self.conn.ready(timeout):
-                msg = self.conn.recv()
-                if msg[0] == "ready":
-                    self.ready = True
-                else:
-                    self._lose(f"failed to prepare: {msg[1]}")
-        except (EOFError, OSError):
-            self._lose("exited while preparing")
+        note = _poll_ready(self.h, timeout, "native helper process")
+        if note:
+            self.note = note
 
     def wait_ready(self, timeout=120.0):
         end = time.monotonic() + timeout
@@ -665,17 +688,7 @@ class NativeHelper:
         return self.ready and not self.dead
 
     def _lose(self, why):
-        self.dead = True
-        rc = self.proc.poll()
-        self.note = (f"native helper process {self.proc.pid} exited (code {rc}): {why}"
-                     if rc is not None else f"native helper process {self.proc.pid} "
-                     f"dropped: {why}")
-        try:
-            self.conn.close()
-        except OSError:
-            pass
-        if self.proc.poll() is None:
-            self.proc.kill()
+        self.note = _drop(self.h, why, "native helper process")
 
     def run(self, feed_q, timeout=None):
         """The graph's outputs for ``feed_q``, ``("err", layer, text)`` when a layer
@@ -701,23 +714,7 @@ class NativeHelper:
         return msg
 
     def shutdown(self):
-        if not self.ready and self.proc.poll() is None:     # still preparing
-            self.proc.kill()
-        elif not self.dead:
-            try:
-                self.conn.send(("quit",))
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        try:
-            self.conn.close()
-        except OSError:
-            pass
-        self.dead = True
+        _stop([self.h])
 
 
 class ProcRun:

@@ -92,23 +92,27 @@ def test_processes_outputs_are_copies(zoo):
             np.testing.assert_array_equal(a[k], keep[k])
 
 
-def test_helper_error_names_the_layer(zoo, monkeypatch):
+@pytest.mark.parametrize("mode", ["helpers", "native"])
+def test_helper_error_names_the_layer(zoo, monkeypatch, mode):
+    """A fault injected in one layer of a slice helper or of the native helper."""
     q, fq = zoo["squeezenet"]
     with monkeypatch.context() as mp:
-        _split_everything(mp)
+        if mode == "helpers":           # the failing layer's slices go to the helper
+            _split_everything(mp)
         probe = W.CpuWorkers(q, threads=2)
         step = next(i for i, s in enumerate(probe._steps) if s.op == "conv" and
-                    probe._step_progs[id(s)].slices > 1)
+                    (mode == "native" or probe._step_progs[id(s)].slices > 1))
         name = probe._steps[step].name
         probe.close()
         with W.CpuWorkers(q, threads=2, options=PROC, _fail_step=step) as w:
             assert w.wait_ready()
-            w._mode = "helpers"
+            w._mode = mode
             with pytest.raises(W.CpuTaskError) as exc:
                 w.run(fq)
             assert exc.value.layer == name
             msg = str(exc.value)
-            assert repr(name) in msg and "helper process" in msg and "\n" not in msg
+            where = "native helper process" if mode == "native" else "helper process"
+            assert repr(name) in msg and where in msg and "\n" not in msg
             assert isinstance(exc.value, DnnfabError)
 
 
@@ -215,25 +219,12 @@ def test_native_helper_equals_reference(zoo, name):
     ort.InferenceSession(q.export().SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def test_native_helper_error_and_death(zoo, monkeypatch):
-    """A layer that raises in the native helper fails the run with the layer named; a
-    native helper killed with SIGKILL, or stopped (a hang: SIGSTOP, past the timeout): the
-    run completes bit-exact in the caller, the note names the process, later runs go on
-    without it."""
+def test_native_helper_death_and_hang(zoo, monkeypatch):
+    """A native helper killed with SIGKILL, or stopped (a hang: SIGSTOP, past the
+    timeout): the run completes bit-exact in the caller, the note names the process, later
+    runs go on without it."""
     q, fq = zoo["squeezenet"]
     want = R.run_reference(q, fq, options=Options())
-    probe = W.CpuWorkers(q, threads=2)
-    step = next(i for i, s in enumerate(probe._steps) if s.op == "conv")
-    name = probe._steps[step].name
-    probe.close()
-    with W.CpuWorkers(q, threads=2, options=PROC, _fail_step=step) as w:
-        assert w.wait_ready()
-        w._mode = "native"
-        with pytest.raises(W.CpuTaskError) as exc:
-            w.run(fq)
-        assert exc.value.layer == name
-        msg = str(exc.value)
-        assert repr(name) in msg and "native helper process" in msg and "\n" not in msg
     with W.CpuWorkers(q, threads=2, options=PROC) as w:
         assert w.wait_ready()
         w._mode = "native"
