@@ -13,9 +13,12 @@ back (each after an idle pause and an untimed warm-up call: onnxruntime's defaul
 spins for a while after a run and would steal the CPU from the next one); reported are
 median times and the median over rounds of the per-round ratios, so load swings on a
 shared machine hit both sides of a ratio alike. ``workers_ms_2t_processes``: the same
-2-thread workers with a helper *process* instead of a second thread
-(``Options(pool="processes")``, sw/cpu/procpool.py), after its helper has prepared and
-it has calibrated (helpers or the caller alone, ``processes_mode``). ``workers_ms_2t_profiled``: the pool at 2
+2-thread workers with helper *processes* instead of a second thread
+(``Options(pool="processes")``, sw/cpu/procpool.py), after its helpers have prepared and
+it has calibrated (``processes_mode``: ``helpers`` -- slices to a helper process --,
+``native`` -- the graph in one helper process whose GEMMs use onnxruntime's own 2-thread
+pool -- or ``caller`` alone; ``processes_calibration_ms``: the fastest calibration run of
+each). ``workers_ms_2t_profiled``: the pool at 2
 threads guided by a CPU profile measured in the same run (``CpuWorkers(profile=...)``:
 layers that were no faster on 2 threads than on 1 are not split). ``machine_scaling`` times one exact
 uint8 GEMM on 1 thread and the same work twice on 2 threads, concurrently, in the same
