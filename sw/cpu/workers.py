@@ -29,6 +29,13 @@ layer's full weights, a channel slice only its columns. Nothing is global: setti
 from the :class:`~dnnfab.sw.cpu.options.Options` given (``threads``: ``Options.workers``,
 default the CPU's cores).
 
+**Processes.** With ``Options(pool="processes")`` (the default) and N > 1, whole-graph
+:meth:`run` calls from the third on also start helper processes (procpool.py): N - 1 that
+take slices like the pool threads, and one *native* helper that runs the graph unsliced
+with its GEMMs on onnxruntime's own N-thread pool; a calibration keeps whichever of those
+two and the caller alone ran fastest (:meth:`pool_report`). ``run_layer`` /
+``run_layers`` always use the threads.
+
 **Lifetime.** A context manager; :meth:`close` (idempotent) stops and joins the pool
 threads; they are also stopped when the object is garbage collected (the threads hold no
 reference to it). One run at a time per object (a lock); use one object per session.
@@ -1637,9 +1644,12 @@ class CpuWorkers:
             0 if m == "caller" else CALIBRATION_WARMUP))
 
     def pool_report(self):
-        """{kind: 'threads' | 'processes' | 'plan', threads, helpers: live helper processes,
-        note, last_run: {caller_slices, helper_slices} or None}: how :meth:`run` spreads its
-        work ('plan': a small network, run whole as one :class:`NetPlan` in the caller)."""
+        """{kind: 'threads' | 'processes' | 'plan', threads, helpers: live slice helper
+        processes, native: whether the native helper is live, note, last_run:
+        {caller_slices, helper_slices} or None, mode: None while calibrating, then
+        'helpers' | 'native' | 'caller', calibration_ms: {mode: fastest calibration run}}:
+        how :meth:`run` spreads its work ('plan': a small network, run whole as one
+        :class:`NetPlan` in the caller)."""
         if self._plan is not None:
             return {"kind": "plan", "threads": self.threads, "helpers": 0,
                     "note": f"small-network plan: {self._plan.macs} MACs, one numba call per layer",
