@@ -749,6 +749,12 @@ class _PoolProg(_Prog):
         geo = (int(L.kernel[0]), int(L.kernel[1]), int(L.stride[0]), int(L.stride[1]),
                int(L.dilation[0]), int(L.dilation[1]), int(self.pads[0]), int(self.pads[1]))
         self.geo = geo
+        if choice.engine == "numba-max":
+            # the kernel's first call in a process loads it from numba's cache (~3 ms,
+            # measured): here, not in the first inference (dnnfab run reported digits-cnn's
+            # first max pool at 3.3 ms instead of 0.03)
+            z = np.zeros((1, 1, 1, 1), np.int8)
+            _K.maxpool_rows(z, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, np.empty_like(z))
         if L.op == "avgpool":
             m = np.ascontiguousarray(np.broadcast_to(L.m, (ho, wo)), dtype=np.int64)
             nn = np.ascontiguousarray(np.broadcast_to(L.n, (ho, wo)), dtype=np.int64)
