@@ -28,6 +28,7 @@ so several syntheses can run in parallel (:func:`sweep`).
 
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import NamedTuple
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -529,11 +530,21 @@ def _pnr_args(board, freq, seed, placer, extra, tmg_ripup=None):
     return args + [a for a in extra if not (a == "--tmg-ripup" and a in args)]
 
 
-def _pnr(board, freq, seed, placer, extra, work, timeout=None, tmg_ripup=None):
-    """One nextpnr run in ``work`` (which holds synth.json and constraints.sdc):
-    ``(fmax_mhz, report)``."""
-    args = _pnr_args(board, freq, seed, placer, extra, tmg_ripup)
-    _run_tool(_PNR[board.family], args, work, "nextpnr.log", timeout=timeout)
+class _PnrOptions(NamedTuple):
+    """How every nextpnr run of one synthesis is made (all seeds alike): ``placer`` and
+    ``tmg_ripup`` resolved for the board, ``extra`` the ``DNNFAB_NEXTPNR_ARGS``,
+    ``timeout`` seconds or None."""
+    placer: str
+    tmg_ripup: bool
+    extra: list
+    timeout: float | None = None
+
+
+def _pnr(board, freq, seed, opts, work):
+    """One nextpnr run in ``work`` (which holds synth.json and constraints.sdc) with
+    :class:`_PnrOptions` ``opts``: ``(fmax_mhz, report)``."""
+    args = _pnr_args(board, freq, seed, opts.placer, opts.extra, opts.tmg_ripup)
+    _run_tool(_PNR[board.family], args, work, "nextpnr.log", timeout=opts.timeout)
     report = json.loads((Path(work) / "report.json").read_text())
     clocks = report.get("fmax", {})
     fmax = None
@@ -543,10 +554,10 @@ def _pnr(board, freq, seed, placer, extra, work, timeout=None, tmg_ripup=None):
     return fmax, report
 
 
-def _pnr_seeds(board, freq, seeds, placer, extra, work, jobs, step, timeout, tmg_ripup=None):
+def _pnr_seeds(board, freq, seeds, opts, work, jobs, step):
     """Place and route the same netlist with every seed in ``seeds``, ``jobs`` at a time,
     each in ``work/seed<N>``. Returns ``(best seed, its report, per-seed summaries)``; a
-    seed that fails or runs past ``timeout`` is listed with its error and skipped (router
+    seed that fails or runs past ``opts.timeout`` is listed with its error and skipped (router
     congestion can keep one placement busy for many times the others' run time)."""
     import shutil
     runs = {}
@@ -558,7 +569,7 @@ def _pnr_seeds(board, freq, seeds, placer, extra, work, jobs, step, timeout, tmg
             shutil.copyfile(Path(work) / f, d / f)
         t = time.perf_counter()
         try:
-            fmax, report = _pnr(board, freq, sd, placer, extra, d, timeout, tmg_ripup)
+            fmax, report = _pnr(board, freq, sd, opts, d)
         finally:
             (d / "synth.json").unlink()                # (tens of MB, and in work/ already)
         return fmax, report, round(time.perf_counter() - t, 1)
@@ -684,6 +695,7 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
     # developer knob: extra nextpnr options (e.g. ``--detailed-timing-report``, read by
     # ``scripts/late_endpoints.py``); part of the cache key
     extra = os.environ.get("DNNFAB_NEXTPNR_ARGS", "").split()
+    pnr = _PnrOptions(placer, tmg_ripup, extra, pnr_timeout)
     key = _key(text, board, top, freq, seeds[0] if len(seeds) == 1 else seeds, versions, placer,
                tmg_ripup) + ("_" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:6]
                                                          if extra else "")
@@ -746,14 +758,12 @@ def synthesize(cfg: AcceleratorConfig, board, top=None, *, seed=1, seeds=None, p
             else:
                 if len(seeds) == 1:
                     step(f"{_PNR[board.family]} place & route @ {freq:g} MHz")
-                    fmax, report = _pnr(board, freq, seeds[0], placer, extra, work, pnr_timeout,
-                                        tmg_ripup)
+                    fmax, report = _pnr(board, freq, seeds[0], pnr, work)
                     seed = seeds[0]
                 else:
                     step(f"{_PNR[board.family]} place & route @ {freq:g} MHz, seeds "
                          f"{', '.join(map(str, seeds))}")
-                    seed, report, seed_runs = _pnr_seeds(board, freq, seeds, placer, extra, work, jobs,
-                                                         step, pnr_timeout, tmg_ripup)
+                    seed, report, seed_runs = _pnr_seeds(board, freq, seeds, pnr, work, jobs, step)
                     fmax = next(s["fmax_mhz"] for s in seed_runs if s["seed"] == seed)
                     # synth.sh reproduces the kept placement
                     write_constraints(cfg, board, work, module=module, seed=seed, placer=placer,

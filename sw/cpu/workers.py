@@ -294,8 +294,14 @@ class _Rq:
     def __init__(self, bias, m, n, zy, lo, hi, vmax):
         self.bias, self.m, self.n = bias, m, n
         self.zy, self.lo, self.hi = int(zy), int(lo), int(hi)
+        self.vmax = vmax
         self.f = _K.rq_float_params(bias, m, n, vmax) if _K.AVAILABLE else None
         self.fs = (float(zy), float(lo), float(hi))
+
+    def columns(self, src):
+        """The requantize of accumulators whose channel k is this one's ``src[k]``."""
+        return _Rq(self.bias[src], self.m[src], self.n[src], self.zy, self.lo, self.hi,
+                   self.vmax)
 
     def _p(self, c0, c1):
         if self.f is not None:
@@ -486,13 +492,9 @@ class _FusedConvProg(_Prog):
                 # the shuffle folded into the weights: the GEMM makes the accumulators in
                 # shuffled order, and the requantize reads them in place (no gather per
                 # element; ShuffleNet's 16 shuffled convs, sessions of their own)
-                L, s = base.L, self.src
-                self.engines = [base._engine(np.ascontiguousarray(base.w_kn[:, s]))
-                                for _ in base.parts]
-                cout, cig, kh, kw = L.qweight.shape
-                self.rq = _Rq(base.bias[s], base.m_[s], base.n_[s], L.zy, L.lo, L.hi,
-                              cig * kh * kw * 128 * 128 +
-                              int(np.abs(L.bias.astype(np.int64)).max(initial=0)))
+                w = np.ascontiguousarray(base.w_kn[:, self.src])
+                self.engines = [base._engine(w) for _ in base.parts]
+                self.rq = base.rq.columns(self.src)
                 self.src = None
         if add is not None:
             self.addp = (bool(first), int(add.k[0]), int(add.z[0]), int(add.k[1]), int(add.z[1]),
